@@ -1,0 +1,52 @@
+"""tileops: a registry of GPU kernels for PyTorch ops, with one dispatcher that picks per call."""
+
+from __future__ import annotations
+
+from .call import CallSpec
+from .device import DeviceFacts
+from .errors import (
+    AmbiguousDispatchError,
+    AmbiguousTargetError,
+    BackendError,
+    CallSpecFieldError,
+    KernelDeclarationError,
+    NoImplementationError,
+    OpConfigError,
+    OpInputError,
+    OpNotAvailableError,
+    TileOpsError,
+    UnknownOpError,
+    UnknownTargetError,
+)
+from .explain import Explanation
+from .kernel import Kernel, KernelInterface
+from .op import BUILTIN, Op
+from .signature import Input, Output, Signature, TensorSpec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BUILTIN",
+    "AmbiguousDispatchError",
+    "AmbiguousTargetError",
+    "BackendError",
+    "CallSpec",
+    "CallSpecFieldError",
+    "DeviceFacts",
+    "Explanation",
+    "Input",
+    "Kernel",
+    "KernelDeclarationError",
+    "KernelInterface",
+    "NoImplementationError",
+    "Op",
+    "OpConfigError",
+    "OpInputError",
+    "OpNotAvailableError",
+    "Output",
+    "Signature",
+    "TensorSpec",
+    "TileOpsError",
+    "UnknownOpError",
+    "UnknownTargetError",
+]

@@ -1,0 +1,181 @@
+"""Backend discovery: entry points in group `tileops.backends`, held by a pluggy PluginManager.
+
+Backends load once per process, in entry-point name order, the first time an op is constructed
+or the backend API is queried. Each import runs inside a registry transaction: a module whose
+import fails, or that was written for another protocol, leaves no registration behind and is
+recorded in `load_failures()`. Operators steer loading with TILEOPS_BACKENDS (allow list) and
+TILEOPS_DISABLE_BACKENDS (deny list), both comma-separated entry-point names.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import pluggy
+from importlib_metadata import EntryPoint, entry_points
+
+from ..errors import BackendError
+from ..provenance import Source, loading_source
+from .registry import REGISTRY
+
+GROUP = "tileops.backends"
+PROTOCOL_VERSION = 1
+"""The backend protocol this core speaks. A backend declares the one it was written for as a
+module attribute `TILEOPS_PROTOCOL = 1`; one that declares none is taken as compatible."""
+
+hookspec = pluggy.HookspecMarker("tileops")
+hookimpl = pluggy.HookimplMarker("tileops")
+
+
+class BackendHooks:
+    """Hooks the core declares; a backend module implements them with `@hookimpl`."""
+
+    @hookspec(firstresult=True)
+    def tileops_backend_info(self) -> dict[str, Any]:
+        """Describe this backend: {"name": str, "version": str, "devices": [device types]}."""
+
+
+@dataclass(frozen=True)
+class LoadFailure:
+    entry_point: str
+    distribution: str
+    error: str
+
+    def __str__(self) -> str:
+        return f"{self.entry_point} ({self.distribution}): {self.error}"
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What a loaded backend says about itself, completed from its distribution's metadata."""
+
+    entry_point: str
+    distribution: str
+    version: str
+    devices: tuple[str, ...]
+    protocol: int | None
+
+
+class BackendLoader:
+    def __init__(self) -> None:
+        self.manager = pluggy.PluginManager("tileops")
+        self.manager.add_hookspecs(BackendHooks)
+        self.failures: list[LoadFailure] = []
+        self.infos: dict[str, BackendInfo] = {}
+        self._lock = threading.RLock()
+        self._loaded = False
+        self._loading = False
+
+    def ensure_loaded(self) -> None:
+        if self._loaded:
+            return
+        with self._lock:
+            if self._loaded or self._loading:  # done, or re-entered from a backend's import
+                return
+            self._loading = True
+            try:
+                self._load_all()
+            finally:
+                self._loading = False
+                self._loaded = True
+
+    def _load_all(self) -> None:
+        found = sorted(entry_points(group=GROUP), key=lambda ep: (ep.name, _dist_name(ep)))
+        allow = _names_from_env("TILEOPS_BACKENDS")
+        deny = _names_from_env("TILEOPS_DISABLE_BACKENDS") or set()
+        self._report_unknown_names(allow, deny, {ep.name for ep in found})
+        for ep in found:
+            if ep.name in deny or (allow is not None and ep.name not in allow):
+                self.manager.set_blocked(ep.name)
+            elif not self.manager.is_blocked(ep.name):
+                self._load(ep)
+
+    def _report_unknown_names(self, allow: set[str] | None, deny: set[str], found: set[str]) -> None:
+        for variable, names in (("TILEOPS_BACKENDS", allow or set()), ("TILEOPS_DISABLE_BACKENDS", deny)):
+            for name in sorted(names - found):
+                self._fail(
+                    name, "(not installed)",
+                    f"{variable} names {name!r}, but no installed distribution provides an "
+                    f"entry point of that name in group {GROUP!r} (installed: "
+                    f"{', '.join(sorted(found)) or 'none'})",
+                )
+
+    def _load(self, ep: EntryPoint) -> None:
+        source = Source(_dist_name(ep), ep.name)
+        token = loading_source.set(source)
+        try:
+            with REGISTRY.transaction():
+                module = ep.load()
+                protocol = _check_protocol(module, source)
+                if self.manager.get_plugin(ep.name) is not None:
+                    raise BackendError(f"entry point name {ep.name!r} is already loaded")
+                self.manager.register(module, name=ep.name)
+                self.infos[ep.name] = self._describe(ep, module, protocol)
+        except Exception as exc:
+            self._fail(ep.name, source.distribution, f"{type(exc).__name__}: {exc}")
+        finally:
+            loading_source.reset(token)
+
+    def _describe(self, ep: EntryPoint, module: Any, protocol: int | None) -> BackendInfo:
+        others = [p for p in self.manager.get_plugins() if p is not module]
+        info = self.manager.subset_hook_caller("tileops_backend_info", others)() or {}
+        if not isinstance(info, dict):
+            raise BackendError(f"tileops_backend_info() must return a dict, got {info!r}")
+        dist = ep.dist
+        return BackendInfo(
+            entry_point=ep.name,
+            distribution=_dist_name(ep),
+            version=str(info.get("version") or (dist.version if dist else "unknown")),
+            devices=tuple(info.get("devices", ())),
+            protocol=protocol,
+        )
+
+    def _fail(self, entry_point: str, distribution: str, error: str) -> None:
+        failure = LoadFailure(entry_point, distribution, error)
+        self.failures.append(failure)
+        warnings.warn(f"tileops backend not loaded: {failure}", RuntimeWarning, stacklevel=4)
+
+
+def _check_protocol(module: Any, source: Source) -> int | None:
+    declared = getattr(module, "TILEOPS_PROTOCOL", None)
+    if declared is None or declared == PROTOCOL_VERSION:
+        return declared
+    if not isinstance(declared, int):
+        raise BackendError(f"TILEOPS_PROTOCOL must be an int, got {declared!r}")
+    upgrade = "tileops-core" if declared > PROTOCOL_VERSION else source.distribution
+    raise BackendError(
+        f"{source.distribution} was written for tileops backend protocol {declared}, but this "
+        f"tileops-core speaks protocol {PROTOCOL_VERSION}; upgrade {upgrade}"
+    )
+
+
+def _names_from_env(variable: str) -> set[str] | None:
+    value = os.environ.get(variable)
+    if value is None:
+        return None
+    return {name.strip() for name in value.split(",") if name.strip()}
+
+
+def _dist_name(ep: EntryPoint) -> str:
+    return ep.dist.name if ep.dist is not None else "unknown distribution"
+
+
+LOADER = BackendLoader()
+
+
+def failure_note() -> str:
+    """One sentence for dispatch errors when backends failed to load, else ''."""
+    if not LOADER.failures:
+        return ""
+    return (
+        f"Note: {len(LOADER.failures)} tileops backend(s) failed to load; "
+        "see tileops.backend.load_failures()."
+    )
+
+
+def distributions_serving(device_type: str) -> list[str]:
+    return sorted({i.distribution for i in LOADER.infos.values() if device_type in i.devices})

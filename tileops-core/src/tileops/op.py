@@ -1,0 +1,193 @@
+"""`Op`: what users call. Checks the call against the signature, settles a target, and runs.
+
+The op's own path is `forward`, which picks a kernel interface by semantics and asks
+`kernel_for` for the implementation. `kernel_for` is the hot path: one dict lookup on a hit.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+
+from .backend.plugins import LOADER
+from .backend.registry import BUILTIN, REGISTRY
+from .call import CallSpec, check_fields
+from .errors import (
+    AmbiguousTargetError,
+    BackendError,
+    OpInputError,
+    OpNotAvailableError,
+    UnknownTargetError,
+)
+from .explain import Explanation
+from .kernel import Kernel, KernelInterface
+from .signature import BoundCall, Signature, TensorSpec
+from .table import KernelTable, table_for
+
+class Op:
+    """Base of ops. Subclasses declare `interfaces`, `kernel_types`, `signature` and `forward`."""
+
+    interfaces: ClassVar[dict[str, type[KernelInterface]]] = {}
+    kernel_types: ClassVar[dict[str, type[Kernel]]] = {}
+    signature: Signature
+
+    _entries: ClassVar[dict[tuple, Any]]
+    _entries_lock: ClassVar[threading.Lock]
+    _entry_locks: ClassVar[dict[tuple, threading.Lock]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        REGISTRY.known_ops[cls.__name__] = cls
+        cls._entries, cls._entry_locks, cls._entries_lock = {}, {}, threading.Lock()
+
+    def __init__(self, *, target: str | None = None) -> None:
+        if target is not None and not isinstance(target, str):
+            raise TypeError(f"target must be a target name or None, got {type(target).__name__}")
+        LOADER.ensure_loaded()
+        self.target = target
+        self._table: KernelTable = table_for(type(self))
+        self._hits = self._table.hits
+        self._settled: str | None = None
+        self._settle_lock = threading.Lock()
+        self._target_kernels: dict[tuple, Callable[..., Any]] = {}
+        self._target_lock = threading.Lock()
+
+    # -- the op's own kernels ----------------------------------------------------------------
+    def kernel_for(self, interface: str, call: CallSpec) -> Callable[..., Any]:
+        """The entry serving `call` on `interface`: a cache hit, or selected and built once."""
+        try:
+            entry = self._hits.get((interface, call))
+        except TypeError:
+            check_fields(call)
+            raise
+        if entry is None:
+            entry = self._table.resolve(interface, call)
+        return entry
+
+    def key_for(self, interface: str, call: CallSpec) -> str:
+        """The key that would serve `call`, without building anything."""
+        key = self._table.keys.get((interface, call))
+        return key if key is not None else self._table.select(interface, call).key
+
+    def explain(self, interface: str, call: CallSpec) -> Explanation:
+        """Every key's verdict on `call`, and what dispatch would do; never raises for a verdict."""
+        judgement = self._table.judge(interface, call)
+        error = None if judgement.winner else judgement.error(self._table.notes(call))
+        return Explanation(judgement, self._table.candidates[interface], error)
+
+    def forward(self, *inputs: torch.Tensor | None) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} does not define forward()")
+
+    # -- calling the op ----------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        name = type(self).__name__
+        call = self.signature.bind(name, args, kwargs, self.params())
+        self.check(call)
+        if self.signature.all_written_empty(call):
+            return self._result(self.signature.make_outputs(call))
+        if self._settled is None:
+            return self._first_call(call)
+        return self._run(self._settled, call)
+
+    def params(self) -> dict[str, Any]:
+        """The signature's params, read from the instance's attributes of the same names."""
+        return {name: getattr(self, name) for name in self.signature.params}
+
+    def check(self, call: BoundCall) -> None:
+        """Checks a signature cannot express; override to add them. Raise `OpInputError`."""
+
+    @property
+    def settled_target(self) -> str | None:
+        """The target this instance settled on (BUILTIN for its own kernels), None before."""
+        return self._settled
+
+    def _first_call(self, call: BoundCall) -> Any:
+        with self._settle_lock:
+            if self._settled is not None:
+                return self._run(self._settled, call)
+            target = self._choose_target(call.device)
+            result = self._run(target, call)  # a failure leaves the op unsettled
+            self._settled = target
+            return result
+
+    def _run(self, target: str, call: BoundCall) -> Any:
+        if target == BUILTIN:
+            return self.forward(*call.tensors)
+        return self._run_target(target, call)
+
+    def _result(self, outputs: dict[str, torch.Tensor]) -> Any:
+        values = tuple(outputs.values())
+        return values[0] if len(values) == 1 else values
+
+    # -- targets -----------------------------------------------------------------------------
+    def _choose_target(self, device: torch.device) -> str:
+        name = self.target or REGISTRY.default_target
+        if name == BUILTIN:
+            return BUILTIN
+        if name is not None:
+            known = REGISTRY.targets()
+            if name not in known:
+                raise UnknownTargetError(
+                    f"{type(self).__name__}: unknown target {name!r}; known targets: "
+                    f"{', '.join(known) or 'none'} (and {BUILTIN!r} for the op's own kernels)"
+                )
+            return name
+        claims = [d for t, d in sorted(REGISTRY.detectors.items()) if _claims(d, device)]
+        if len(claims) > 1:
+            raise AmbiguousTargetError(
+                f"{type(self).__name__}: several targets claim {device}: "
+                + ", ".join(f"{d.target!r} ({d.source})" for d in claims)
+                + "; pass target= to the op or call tileops.backend.set_default_target()"
+            )
+        return claims[0].target if claims else BUILTIN
+
+    def _run_target(self, target: str, call: BoundCall) -> Any:
+        op = type(self).__name__
+        builder = REGISTRY.builder(op, target)
+        if builder is None:
+            raise OpNotAvailableError(
+                f"{op} settled on target {target!r}, which registered no kernel builder for "
+                f"{op}; there is no fall-back to other kernels. Construct the op with "
+                f"target={BUILTIN!r} (or another target) to use other kernels."
+            )
+        inputs = self._target_inputs(call)
+        key = (target, call.device, tuple(None if t is None else (t.dtype, t.shape) for t in inputs))
+        kernel = self._target_kernels.get(key)
+        if kernel is None:
+            with self._target_lock:
+                kernel = self._target_kernels.get(key)
+                if kernel is None:
+                    specs = [None if t is None else TensorSpec.of(t) for t in inputs]
+                    kernel = builder.build_kernel(*specs, **self.params())
+                    self._target_kernels[key] = kernel
+        outputs = self.signature.make_outputs(call)
+        kernel(*inputs, **outputs)
+        return self._result(outputs)
+
+    def _target_inputs(self, call: BoundCall) -> tuple[torch.Tensor | None, ...]:
+        """Inputs as a target sees them: read-only ones made contiguous, written ones checked."""
+        inputs = []
+        for spec, tensor in zip(self.signature.inputs, call.tensors):
+            if tensor is not None and not tensor.is_contiguous():
+                if spec.written and spec.contiguous:
+                    raise OpInputError(
+                        f"{type(self).__name__}(): argument {spec.name!r} is written in place "
+                        "and must be contiguous"
+                    )
+                if not spec.written:
+                    tensor = tensor.contiguous()
+            inputs.append(tensor)
+        return tuple(inputs)
+
+
+def _claims(detector: Any, device: torch.device) -> bool:
+    try:
+        return bool(detector.detect(device))
+    except Exception as exc:
+        raise BackendError(
+            f"the detector of target {detector.target!r} ({detector.source}) raised "
+            f"{type(exc).__name__}: {exc} when asked about {device}"
+        ) from exc

@@ -1,0 +1,232 @@
+"""Op signatures and the checks generated from them.
+
+A signature lists an op's tensor inputs (optional or not, allowed dtypes, shape pattern,
+whether the op writes them), its params (the constructor's semantic parameters) and its
+outputs. From it come the argument parsing and checks that run before any kernel, the output
+buffers handed to targets, and the `TensorSpec`s target builders receive.
+
+Shape patterns are tuples of dims: an int is exact; a name binds a size that must agree across
+inputs (pre-bound when a param has that name); `"*name"` expands a tuple param; a leading
+`"..."` matches any number of batch dims. Dtypes may name another input: `"x"` means "same
+dtype as x".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .errors import OpInputError
+
+Dim = int | str
+BATCH = "..."
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What a target builder knows of one input: where it lives, its dtype and shape."""
+
+    device: torch.device
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> TensorSpec:
+        return cls(tensor.device, tensor.dtype, tuple(tensor.shape))
+
+
+@dataclass(frozen=True)
+class Input:
+    name: str
+    shape: tuple[Dim, ...]
+    dtypes: tuple[torch.dtype | str, ...] = FLOAT_DTYPES
+    optional: bool = False
+    written: bool = False
+    contiguous: bool = False
+    device: str | None = None  # "cpu": stays on the host whatever the call device
+
+
+@dataclass(frozen=True)
+class Output:
+    """An output the op returns: same shape and dtype as input `like`, or `shape` with `dtype_of`."""
+
+    name: str
+    like: str | None = None
+    shape: tuple[Dim, ...] = ()
+    dtype_of: str | None = None
+
+
+@dataclass
+class BoundCall:
+    """One call after parsing and checking: inputs in signature order, and the device."""
+
+    tensors: tuple[torch.Tensor | None, ...]
+    device: torch.device
+    sizes: dict[str, int]
+
+
+class Signature:
+    def __init__(
+        self, inputs: tuple[Input, ...], params: tuple[str, ...], outputs: tuple[Output, ...]
+    ) -> None:
+        self.inputs = inputs
+        self.params = params
+        self.outputs = outputs
+        self.names = tuple(i.name for i in inputs)
+        self._positions = {name: k for k, name in enumerate(self.names)}
+
+    # -- parsing and checks ------------------------------------------------------------------
+    def bind(
+        self, op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], params: Mapping[str, Any]
+    ) -> BoundCall:
+        """Parse `op(*args, **kwargs)` and run every check; errors name the argument."""
+        values = self._parse(op, args, kwargs)
+        device = self._check_tensors(op, values)
+        sizes = self._check_shapes(op, values, params)
+        return BoundCall(values, device, sizes)
+
+    def _parse(self, op: str, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
+        if len(args) > len(self.inputs):
+            raise OpInputError(
+                f"{op}() takes at most {len(self.inputs)} tensor arguments "
+                f"({', '.join(self.names)}), got {len(args)}"
+            )
+        values = list(args) + [None] * (len(self.inputs) - len(args))
+        for name, value in kwargs.items():
+            position = self._positions.get(name)
+            if position is None:
+                raise OpInputError(
+                    f"{op}() got an unexpected argument {name!r}; it takes {', '.join(self.names)}"
+                )
+            if position < len(args):
+                raise OpInputError(f"{op}() got argument {name!r} twice (by position and by name)")
+            values[position] = value
+        return tuple(values)
+
+    def _check_tensors(self, op: str, values: tuple) -> torch.device:
+        device = None
+        for spec, value in zip(self.inputs, values):
+            if value is None:
+                if not spec.optional:
+                    raise OpInputError(f"{op}(): argument {spec.name!r} is required")
+                continue
+            if not isinstance(value, torch.Tensor):
+                raise OpInputError(
+                    f"{op}(): argument {spec.name!r} must be a torch.Tensor, "
+                    f"got {type(value).__name__}"
+                )
+            self._check_dtype(op, spec, value, values)
+            if spec.device == "cpu":
+                if value.device.type != "cpu":
+                    raise OpInputError(
+                        f"{op}(): argument {spec.name!r} must stay on the host (cpu), "
+                        f"got a tensor on {value.device}"
+                    )
+            elif device is None:
+                device = value.device
+            elif value.device != device:
+                raise OpInputError(
+                    f"{op}(): argument {spec.name!r} is on {value.device}, but "
+                    f"{self._first_on_device(values)!r} is on {device}; all tensors must be on "
+                    "one device"
+                )
+        return device if device is not None else torch.device("cpu")
+
+    def _first_on_device(self, values: tuple) -> str:
+        return next(s.name for s, v in zip(self.inputs, values) if v is not None and s.device != "cpu")
+
+    def _check_dtype(self, op: str, spec: Input, value: torch.Tensor, values: tuple) -> None:
+        allowed = []
+        for dtype in spec.dtypes:
+            if isinstance(dtype, str):
+                other = values[self._positions[dtype]]
+                if other is None:
+                    continue
+                dtype = other.dtype
+            if value.dtype == dtype:
+                return
+            allowed.append(dtype)
+        names = ", ".join(str(d).replace("torch.", "") for d in dict.fromkeys(allowed))
+        raise OpInputError(
+            f"{op}(): argument {spec.name!r} has dtype {str(value.dtype).replace('torch.', '')}, "
+            f"expected {names}"
+        )
+
+    def _check_shapes(self, op: str, values: tuple, params: Mapping[str, Any]) -> dict[str, int]:
+        sizes = {k: v for k, v in params.items() if isinstance(v, int) and not isinstance(v, bool)}
+        for spec, value in zip(self.inputs, values):
+            if value is not None:
+                _match_shape(op, spec, tuple(value.shape), sizes, params)
+        return sizes
+
+    # -- outputs -----------------------------------------------------------------------------
+    def written(self, call: BoundCall) -> list[torch.Tensor]:
+        return [v for s, v in zip(self.inputs, call.tensors) if s.written and v is not None]
+
+    def _output_layout(self, call: BoundCall) -> list[tuple[str, list[int], torch.dtype]]:
+        layout = []
+        for out in self.outputs:
+            if out.like is not None:
+                like = call.tensors[self._positions[out.like]]
+                layout.append((out.name, list(like.shape), like.dtype))
+            else:
+                shape = [call.sizes[d] if isinstance(d, str) else d for d in out.shape]
+                layout.append((out.name, shape, call.tensors[self._positions[out.dtype_of]].dtype))
+        return layout
+
+    def make_outputs(self, call: BoundCall) -> dict[str, torch.Tensor]:
+        """Fresh, contiguous output tensors for `call`, keyed by output name."""
+        return {
+            name: torch.empty(shape, dtype=dtype, device=call.device)
+            for name, shape, dtype in self._output_layout(call)
+        }
+
+    def all_written_empty(self, call: BoundCall) -> bool:
+        """True when every output and written input is empty: such a call runs no kernel."""
+        if any(t.numel() for t in self.written(call)):
+            return False
+        return all(0 in shape for _, shape, _ in self._output_layout(call))
+
+
+def _match_shape(
+    op: str, spec: Input, shape: tuple[int, ...], sizes: dict[str, int], params: Mapping[str, Any]
+) -> None:
+    pattern: list[Dim] = []
+    for dim in spec.shape:
+        if isinstance(dim, str) and dim.startswith("*"):
+            pattern.extend(params[dim[1:]])
+        else:
+            pattern.append(dim)
+    batch = bool(pattern) and pattern[0] == BATCH
+    fixed = pattern[1:] if batch else pattern
+    if len(shape) < len(fixed) or (not batch and len(shape) != len(fixed)):
+        need = f"at least {len(fixed)}" if batch else f"{len(fixed)}"
+        raise OpInputError(
+            f"{op}(): argument {spec.name!r} must have {need} dimensions "
+            f"({_describe(pattern)}), got shape {list(shape)}"
+        )
+    for dim, size in zip(fixed, shape[len(shape) - len(fixed):]):
+        if isinstance(dim, int):
+            expected = dim
+        elif dim in sizes:
+            expected = sizes[dim]
+        else:
+            sizes[dim] = size
+            continue
+        if size != expected:
+            raise OpInputError(
+                f"{op}(): argument {spec.name!r} has shape {list(shape)}, expected "
+                f"{_describe(pattern)} with {dim} = {expected}"
+                if isinstance(dim, str)
+                else f"{op}(): argument {spec.name!r} has shape {list(shape)}, expected "
+                f"{_describe(pattern)}"
+            )
+
+
+def _describe(pattern: list[Dim]) -> str:
+    return "[" + ", ".join(str(d) for d in pattern) + "]"
+
