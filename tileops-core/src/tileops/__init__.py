@@ -21,6 +21,7 @@ from .errors import (
 from .explain import Explanation
 from .kernel import Kernel, KernelInterface
 from .op import BUILTIN, Op
+from .ops import BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
 from .signature import Input, Output, Signature, TensorSpec
 
 __version__ = "0.1.0"
@@ -30,21 +31,26 @@ __all__ = [
     "AmbiguousDispatchError",
     "AmbiguousTargetError",
     "BackendError",
+    "BatchNormFwdOp",
     "CallSpec",
     "CallSpecFieldError",
     "DeviceFacts",
     "Explanation",
+    "GemmOp",
     "Input",
     "Kernel",
     "KernelDeclarationError",
     "KernelInterface",
+    "LayerNormFwdOp",
     "NoImplementationError",
     "Op",
     "OpConfigError",
     "OpInputError",
     "OpNotAvailableError",
     "Output",
+    "RMSNormFwdOp",
     "Signature",
+    "SoftmaxFwdOp",
     "TensorSpec",
     "TileOpsError",
     "UnknownOpError",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +17,7 @@ class CallSpec:
     """Base of call specs. Subclasses just declare fields; they become frozen keyword dataclasses.
 
     A call spec keys the dispatch cache, so every field must be a hashable value (no lists,
-    dicts or tensors). Device facts are properties read from `device` on demand: on the hit path
+    dicts or tensors). Do not decorate subclasses with `@dataclass`: that is done for you. Device facts are properties read from `device` on demand: on the hit path
     nobody asks, so no device is queried.
     """
 
@@ -25,8 +25,8 @@ class CallSpec:
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
-        if "__dataclass_fields__" not in cls.__dict__ or "__annotations__" in cls.__dict__:
-            dataclass(frozen=True, kw_only=True)(cls)
+        dataclass(frozen=True, kw_only=True)(cls)
+        cls.__init__ = _fast_init(cls)
 
     @property
     def facts(self) -> DeviceFacts:
@@ -47,6 +47,33 @@ class CallSpec:
     @property
     def smem_budget(self) -> int:
         return self.facts.smem_budget
+
+
+def _fast_init(cls: type) -> Callable[..., None]:
+    """A keyword-only `__init__` that fills `__dict__` directly.
+
+    Call specs are built on every call; the frozen dataclass `__init__` goes through
+    `object.__setattr__` per field and costs about twice as much.
+    """
+    fields = dataclasses.fields(cls)
+    namespace: dict[str, object] = {}
+    params = []
+    for field in fields:
+        if field.default_factory is not dataclasses.MISSING:
+            return cls.__init__  # keep dataclass semantics for factories
+        if field.default is dataclasses.MISSING:
+            params.append(field.name)
+        else:
+            namespace[f"_default_{field.name}"] = field.default
+            params.append(f"{field.name}=_default_{field.name}")
+    body = [f"    fields[{f.name!r}] = {f.name}" for f in fields]
+    if hasattr(cls, "__post_init__"):
+        body.append("    self.__post_init__()")
+    source = f"def __init__(self, *, {', '.join(params)}):\n    fields = self.__dict__\n"
+    exec(source + "\n".join(body), namespace)
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    return init
 
 
 def check_fields(call: CallSpec) -> None:

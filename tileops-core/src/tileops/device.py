@@ -7,6 +7,7 @@ dispatch miss. `simulate` lets tests and `explain` pretend a device exists.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,12 @@ class Simulation:
 _cache: dict[tuple[str, int | None], DeviceFacts] = {}
 _simulations: dict[tuple[str, int | None], Simulation] = {}
 _lock = threading.Lock()
+_simulation_listeners: list[Callable[[], None]] = []
+
+
+def on_simulation_change(listener: Callable[[], None]) -> None:
+    """Call `listener` whenever a simulation starts or ends: facts seen so far may be stale."""
+    _simulation_listeners.append(listener)
 
 
 def _slot(device: torch.device) -> tuple[str, int | None]:
@@ -84,6 +91,7 @@ def push_simulation(simulation: Simulation) -> Simulation | None:
     with _lock:
         previous = _simulations.get(slot)
         _simulations[slot] = simulation
+    _notify()
     return previous
 
 
@@ -94,3 +102,9 @@ def pop_simulation(simulation: Simulation, previous: Simulation | None) -> None:
             _simulations.pop(slot, None)
         else:
             _simulations[slot] = previous
+    _notify()
+
+
+def _notify() -> None:
+    for listener in _simulation_listeners:
+        listener()

@@ -7,7 +7,7 @@ The op's own path is `forward`, which picks a kernel interface by semantics and 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
@@ -15,6 +15,7 @@ import torch
 from .backend.plugins import LOADER
 from .backend.registry import BUILTIN, REGISTRY
 from .call import CallSpec, check_fields
+from .cases import Case
 from .errors import (
     AmbiguousTargetError,
     BackendError,
@@ -32,7 +33,7 @@ class Op:
 
     interfaces: ClassVar[dict[str, type[KernelInterface]]] = {}
     kernel_types: ClassVar[dict[str, type[Kernel]]] = {}
-    signature: Signature
+    signature: Signature | None = None  # None: called straight through to forward
 
     _entries: ClassVar[dict[tuple, Any]]
     _entries_lock: ClassVar[threading.Lock]
@@ -69,22 +70,30 @@ class Op:
 
     def key_for(self, interface: str, call: CallSpec) -> str:
         """The key that would serve `call`, without building anything."""
-        key = self._table.keys.get((interface, call))
+        try:
+            key = self._table.keys.get((interface, call))
+        except TypeError:
+            check_fields(call)
+            raise
         return key if key is not None else self._table.select(interface, call).key
 
     def explain(self, interface: str, call: CallSpec) -> Explanation:
         """Every key's verdict on `call`, and what dispatch would do; never raises for a verdict."""
-        judgement = self._table.judge(interface, call)
-        error = None if judgement.winner else judgement.error(self._table.notes(call))
-        return Explanation(judgement, self._table.candidates[interface], error)
+        return self._table.explain(interface, call)
+
+    @classmethod
+    def sample_cases(cls) -> Iterable[Case]:
+        """Representative calls, for conformance checks of backends' kernels."""
+        raise NotImplementedError(f"{cls.__name__} declares no sample_cases()")
 
     def forward(self, *inputs: torch.Tensor | None) -> Any:
         raise NotImplementedError(f"{type(self).__name__} does not define forward()")
 
     # -- calling the op ----------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        name = type(self).__name__
-        call = self.signature.bind(name, args, kwargs, self.params())
+        if self.signature is None:
+            return self.forward(*args, **kwargs)
+        call = self.signature.bind(type(self).__name__, args, kwargs, self.params())
         self.check(call)
         if self.signature.all_written_empty(call):
             return self._result(self.signature.make_outputs(call))

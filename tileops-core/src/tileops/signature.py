@@ -6,9 +6,9 @@ outputs. From it come the argument parsing and checks that run before any kernel
 buffers handed to targets, and the `TensorSpec`s target builders receive.
 
 Shape patterns are tuples of dims: an int is exact; a name binds a size that must agree across
-inputs (pre-bound when a param has that name); `"*name"` expands a tuple param; a leading
-`"..."` matches any number of batch dims. Dtypes may name another input: `"x"` means "same
-dtype as x".
+inputs (pre-bound when a param has that name); `"*name"` expands a tuple param; one `"..."`,
+anywhere, matches any number of dims (leading batch dims, or BatchNorm's trailing spatial
+dims). Dtypes may name another input: `"x"` means "same dtype as x".
 """
 
 from __future__ import annotations
@@ -41,6 +41,13 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class Input:
+    """One tensor argument.
+
+    `written`: the op updates it in place (BatchNorm's running stats); such an input must be
+    passed by the caller, so with `contiguous` the call is refused when it is not contiguous
+    (a copy would lose the update). Inputs that are not written may have any strides.
+    """
+
     name: str
     shape: tuple[Dim, ...]
     dtypes: tuple[torch.dtype | str, ...] = FLOAT_DTYPES
@@ -52,7 +59,7 @@ class Input:
 
 @dataclass(frozen=True)
 class Output:
-    """An output the op returns: same shape and dtype as input `like`, or `shape` with `dtype_of`."""
+    """An output: same shape and dtype as input `like`, or `shape` with the dtype of `dtype_of`."""
 
     name: str
     like: str | None = None
@@ -78,6 +85,24 @@ class Signature:
         self.outputs = outputs
         self.names = tuple(i.name for i in inputs)
         self._positions = {name: k for k, name in enumerate(self.names)}
+        self._validate()
+
+    def _validate(self) -> None:
+        """Catch typos in a signature when the op module is imported, not on some later call."""
+        for spec in self.inputs:
+            refs = [d for d in spec.dtypes if isinstance(d, str)]
+            stars = [d[1:] for d in spec.shape if isinstance(d, str) and d.startswith("*")]
+            bad = [r for r in refs if r not in self._positions] + [
+                p for p in stars if p not in self.params
+            ]
+            if bad or spec.shape.count(BATCH) > 1:
+                raise ValueError(
+                    f"signature input {spec.name!r}: unknown names {bad} or several {BATCH!r}"
+                )
+        for out in self.outputs:
+            ref = out.like if out.like is not None else out.dtype_of
+            if ref not in self._positions:
+                raise ValueError(f"signature output {out.name!r} refers to unknown input {ref!r}")
 
     # -- parsing and checks ------------------------------------------------------------------
     def bind(
@@ -109,7 +134,7 @@ class Signature:
 
     def _check_tensors(self, op: str, values: tuple) -> torch.device:
         device = None
-        for spec, value in zip(self.inputs, values):
+        for spec, value in zip(self.inputs, values, strict=True):
             if value is None:
                 if not spec.optional:
                     raise OpInputError(f"{op}(): argument {spec.name!r} is required")
@@ -120,6 +145,11 @@ class Signature:
                     f"got {type(value).__name__}"
                 )
             self._check_dtype(op, spec, value, values)
+            if spec.written and spec.contiguous and not value.is_contiguous():
+                raise OpInputError(
+                    f"{op}(): argument {spec.name!r} is written in place and must be contiguous; "
+                    "pass a contiguous tensor (an internal copy would lose the update)"
+                )
             if spec.device == "cpu":
                 if value.device.type != "cpu":
                     raise OpInputError(
@@ -137,7 +167,11 @@ class Signature:
         return device if device is not None else torch.device("cpu")
 
     def _first_on_device(self, values: tuple) -> str:
-        return next(s.name for s, v in zip(self.inputs, values) if v is not None and s.device != "cpu")
+        return next(
+            s.name
+            for s, v in zip(self.inputs, values, strict=True)
+            if v is not None and s.device != "cpu"
+        )
 
     def _check_dtype(self, op: str, spec: Input, value: torch.Tensor, values: tuple) -> None:
         allowed = []
@@ -158,14 +192,16 @@ class Signature:
 
     def _check_shapes(self, op: str, values: tuple, params: Mapping[str, Any]) -> dict[str, int]:
         sizes = {k: v for k, v in params.items() if isinstance(v, int) and not isinstance(v, bool)}
-        for spec, value in zip(self.inputs, values):
+        for spec, value in zip(self.inputs, values, strict=True):
             if value is not None:
                 _match_shape(op, spec, tuple(value.shape), sizes, params)
         return sizes
 
     # -- outputs -----------------------------------------------------------------------------
     def written(self, call: BoundCall) -> list[torch.Tensor]:
-        return [v for s, v in zip(self.inputs, call.tensors) if s.written and v is not None]
+        return [
+            v for s, v in zip(self.inputs, call.tensors, strict=True) if s.written and v is not None
+        ]
 
     def _output_layout(self, call: BoundCall) -> list[tuple[str, list[int], torch.dtype]]:
         layout = []
@@ -201,15 +237,20 @@ def _match_shape(
             pattern.extend(params[dim[1:]])
         else:
             pattern.append(dim)
-    batch = bool(pattern) and pattern[0] == BATCH
-    fixed = pattern[1:] if batch else pattern
-    if len(shape) < len(fixed) or (not batch and len(shape) != len(fixed)):
-        need = f"at least {len(fixed)}" if batch else f"{len(fixed)}"
+    if BATCH in pattern:
+        at = pattern.index(BATCH)
+        head, tail = pattern[:at], pattern[at + 1 :]
+        fixed, dims = head + tail, shape[: len(head)] + shape[len(shape) - len(tail) :]
+        rank_ok = len(shape) >= len(fixed)
+    else:
+        fixed, dims, rank_ok = pattern, shape, len(shape) == len(pattern)
+    if not rank_ok:
+        need = f"at least {len(fixed)}" if BATCH in pattern else f"{len(fixed)}"
         raise OpInputError(
             f"{op}(): argument {spec.name!r} must have {need} dimensions "
             f"({_describe(pattern)}), got shape {list(shape)}"
         )
-    for dim, size in zip(fixed, shape[len(shape) - len(fixed):]):
+    for dim, size in zip(fixed, dims, strict=True):
         if isinstance(dim, int):
             expected = dim
         elif dim in sizes:
@@ -218,15 +259,12 @@ def _match_shape(
             sizes[dim] = size
             continue
         if size != expected:
+            named = f" with {dim} = {expected}" if isinstance(dim, str) else ""
             raise OpInputError(
                 f"{op}(): argument {spec.name!r} has shape {list(shape)}, expected "
-                f"{_describe(pattern)} with {dim} = {expected}"
-                if isinstance(dim, str)
-                else f"{op}(): argument {spec.name!r} has shape {list(shape)}, expected "
-                f"{_describe(pattern)}"
+                f"{_describe(pattern)}{named}"
             )
 
 
 def _describe(pattern: list[Dim]) -> str:
     return "[" + ", ".join(str(d) for d in pattern) + "]"
-

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import inspect
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .backend.plugins import distributions_serving, failure_note
 from .backend.registry import REGISTRY
 from .call import CallSpec, check_fields
+from .device import on_simulation_change
 from .errors import BackendError, KernelDeclarationError
+from .explain import Explanation
 from .kernel import Kernel, KernelInterface
 from .provenance import Source, source_of_module
 from .selection import Candidate, Judgement, find_cycle, judge, outranking
@@ -32,6 +35,7 @@ class KernelTable:
         self.outranks = {name: outranking(cands) for name, cands in self.candidates.items()}
         self.hits: dict[tuple[str, CallSpec], Callable[..., Any]] = {}
         self.keys: dict[tuple[str, CallSpec], str] = {}
+        _live_tables.add(self)
 
     def judge(self, interface: str, call: CallSpec) -> Judgement:
         candidates = self.candidates.get(interface)
@@ -56,6 +60,11 @@ class KernelTable:
         entry = _shared_entry(self.op_cls, interface, winner, call)
         self.hits[(interface, call)] = entry
         return entry
+
+    def explain(self, interface: str, call: CallSpec) -> Explanation:
+        judgement = self.judge(interface, call)
+        error = None if judgement.winner else judgement.error(self.notes(call))
+        return Explanation(judgement, self.candidates[interface], error)
 
     def notes(self, call: CallSpec) -> list[str]:
         serving = distributions_serving(call.device.type)
@@ -173,7 +182,8 @@ def _check_forward(where: str, cls: type, interface: type[KernelInterface]) -> N
 
 
 def _validate_preferences(op_cls: type[Op], interface: str, cands: list[Candidate]) -> None:
-    generals = [c.key for c in cands if c.cls.general]
+    named = {c.key: f"{c.key} ({c.cls.__qualname__} from {c.source})" for c in cands}
+    generals = [named[c.key] for c in cands if c.cls.general]
     if len(generals) > 1:
         raise KernelDeclarationError(
             f"{op_cls.__name__}.{interface}: more than one general implementation "
@@ -183,7 +193,8 @@ def _validate_preferences(op_cls: type[Op], interface: str, cands: list[Candidat
     if cycle:
         raise KernelDeclarationError(
             f"{op_cls.__name__}.{interface}: preferred_over forms a cycle: "
-            f"{' -> '.join(cycle)}; remove one of these preferences"
+            f"{' -> '.join(cycle)} ({', '.join(named[k] for k in sorted(set(cycle)))}); "
+            "remove one of these preferences"
         )
 
 
@@ -200,4 +211,14 @@ def table_for(op_cls: type[Op]) -> KernelTable:
 
 
 _table_lock = threading.Lock()
+_live_tables: weakref.WeakSet[KernelTable] = weakref.WeakSet()
 
+
+def _forget_selections() -> None:
+    """Selections made under other device facts are stale once a simulation starts or ends."""
+    for table in list(_live_tables):
+        table.hits.clear()
+        table.keys.clear()
+
+
+on_simulation_change(_forget_selections)

@@ -1,17 +1,30 @@
-"""What tests and backend authors need: an isolated registry and simulated devices."""
+"""What tests and backend authors need: an isolated registry, simulated devices, and a
+conformance check of a backend's kernels against the reference kernels."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
+from .backend import register_kernel_type
 from .backend.plugins import LOADER
-from .backend.registry import REGISTRY
+from .backend.registry import BUILTIN, REGISTRY
+from .cases import Case
 from .device import DeviceFacts, Simulation, pop_simulation, push_simulation
+from .kernel import Kernel
+from .op import Op
 
-__all__ = ["Simulation", "isolated_registry", "simulate_device"]
+__all__ = [
+    "Case",
+    "ConformanceReport",
+    "Simulation",
+    "check_conformance",
+    "isolated_registry",
+    "simulate_device",
+]
 
 
 @contextlib.contextmanager
@@ -42,3 +55,116 @@ def simulate_device(
         yield simulation
     finally:
         pop_simulation(simulation, previous)
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    case: str
+    dtype: torch.dtype
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.case} [{str(self.dtype).replace('torch.', '')}]: {self.detail}"
+
+
+@dataclass
+class ConformanceReport:
+    """What `check_conformance` found. `ok` means no mismatch and at least one call exercised."""
+
+    subject: str
+    checked: int = 0
+    not_served: list[str] = field(default_factory=list)
+    mismatches: list[Mismatch] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.checked > 0 and not self.mismatches
+
+    def __str__(self) -> str:
+        lines = [f"{self.subject}: {self.checked} calls checked, {len(self.mismatches)} mismatches, "
+                 f"{len(self.not_served)} calls not served by it"]
+        lines += [f"  mismatch: {m}" for m in self.mismatches]
+        return "\n".join(lines)
+
+
+TOLERANCES = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+
+
+def check_conformance(
+    op_cls: type[Op],
+    *,
+    kernel: tuple[str, type[Kernel]] | None = None,
+    target: str | None = None,
+    device: torch.device | str = "cpu",
+    dtypes: Sequence[torch.dtype] | None = None,
+) -> ConformanceReport:
+    """Run `op_cls` over its sample cases on `device` through `kernel` (a key and class to
+    register) or `target`, and compare every output and written input with the reference
+    kernels on the CPU. Calls the kernel does not serve are counted, not compared."""
+    if (kernel is None) == (target is None):
+        raise ValueError("check_conformance: pass exactly one of kernel=(key, cls) or target=")
+    subject = f"{op_cls.__name__} via " + (f"kernel {kernel[0]!r}" if kernel else f"target {target!r}")
+    report = ConformanceReport(subject)
+    calls = [(c, d) for c in op_cls.sample_cases() for d in dtypes or _dtypes(op_cls, c)]
+    cpu = torch.device("cpu")
+    # Expected values first, before the kernel under test is registered and could serve them.
+    expected = [_run(op_cls(**c.params, target=BUILTIN), _cast(c.inputs, d, cpu)) for c, d in calls]
+    with isolated_registry():
+        if kernel is not None:
+            register_kernel_type(op_cls, *kernel)
+        for (case, dtype), want in zip(calls, expected):
+            op = op_cls(**case.params, target=target or BUILTIN)
+            served = _spy_keys(op) if kernel else None
+            got = _run(op, _cast(case.inputs, dtype, torch.device(device)))
+            if served is not None and kernel[0] not in served:
+                report.not_served.append(case.describe())
+                continue
+            report.checked += 1
+            _compare(case, dtype, got, want, report)
+    return report
+
+
+def _dtypes(op_cls: type[Op], case: Case) -> list[torch.dtype]:
+    signature = op_cls(**case.params).signature
+    return [d for d in signature.inputs[0].dtypes if isinstance(d, torch.dtype)]
+
+
+def _run(op: Op, inputs: tuple) -> list[torch.Tensor]:
+    """Every output of one call, then every input the op wrote."""
+    result = op(*inputs)
+    outputs = list(result) if isinstance(result, tuple) else [result]
+    written = [t for spec, t in zip(op.signature.inputs, inputs) if spec.written and t is not None]
+    return outputs + written
+
+
+def _compare(case: Case, dtype, got, want, report: ConformanceReport) -> None:
+    tolerance = TOLERANCES.get(dtype, 1e-5)
+    for index, (actual, expected) in enumerate(zip(got, want)):
+        try:
+            torch.testing.assert_close(actual.cpu().float(), expected.float(), rtol=tolerance,
+                                       atol=tolerance, equal_nan=True)
+        except AssertionError as exc:
+            detail = f"output {index}: " + " ".join(str(exc).split())
+            report.mismatches.append(Mismatch(case.describe(), dtype, detail))
+
+
+def _spy_keys(op: Op) -> list[str]:
+    """Record which key serves each kernel_for call of this one op instance."""
+    served: list[str] = []
+    original = op.kernel_for
+
+    def kernel_for(interface, call):
+        served.append(op.key_for(interface, call))
+        return original(interface, call)
+
+    op.kernel_for = kernel_for
+    return served
+
+
+def _cast(inputs: tuple, dtype: torch.dtype, device: torch.device) -> tuple:
+    """Fresh copies, so ops that write their inputs cannot disturb the next run."""
+    return tuple(
+        None if t is None
+        else t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype, copy=True)
+        for t in inputs
+    )

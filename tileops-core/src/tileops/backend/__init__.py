@@ -10,7 +10,7 @@ import torch
 from ..errors import AmbiguousTargetError, BackendError, UnknownTargetError
 from ..provenance import caller_source
 from ..signature import TensorSpec
-from .plugins import LOADER, PROTOCOL_VERSION, BackendInfo, LoadFailure, hookimpl
+from .plugins import LOADER, PROTOCOL_VERSION, BackendInfo, LoadFailure, failure_note, hookimpl
 from .registry import BUILTIN, REGISTRY, Builder, Detector, Registration
 
 __all__ = [
@@ -74,7 +74,7 @@ def set_default_target(target: str | None) -> None:
     if target is not None and target != BUILTIN and target not in REGISTRY.targets():
         raise UnknownTargetError(
             f"set_default_target: unknown target {target!r}; known targets: "
-            f"{', '.join(REGISTRY.targets()) or 'none'} (and {BUILTIN!r})"
+            f"{', '.join(REGISTRY.targets()) or 'none'} (and {BUILTIN!r}). {failure_note()}"
         )
     REGISTRY.set_default_target(target)
 

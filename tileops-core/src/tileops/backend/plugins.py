@@ -19,7 +19,7 @@ import pluggy
 from importlib_metadata import EntryPoint, entry_points
 
 from ..errors import BackendError
-from ..provenance import Source, loading_source
+from ..provenance import Source, loading_source, remember_entry_point
 from .registry import REGISTRY
 
 GROUP = "tileops.backends"
@@ -98,7 +98,7 @@ class BackendLoader:
         for variable, names in (("TILEOPS_BACKENDS", allow or set()), ("TILEOPS_DISABLE_BACKENDS", deny)):
             for name in sorted(names - found):
                 self._fail(
-                    name, "(not installed)",
+                    name, "not installed",
                     f"{variable} names {name!r}, but no installed distribution provides an "
                     f"entry point of that name in group {GROUP!r} (installed: "
                     f"{', '.join(sorted(found)) or 'none'})",
@@ -106,19 +106,35 @@ class BackendLoader:
 
     def _load(self, ep: EntryPoint) -> None:
         source = Source(_dist_name(ep), ep.name)
+        taken = self.infos.get(ep.name)
+        if taken is not None:
+            self._fail(
+                ep.name, source.distribution,
+                f"BackendError: entry point name {ep.name!r} is taken by {taken.distribution}, "
+                "which loaded first; one of the two distributions must rename its entry point",
+            )
+            return
+        remember_entry_point(ep.module, source)
         token = loading_source.set(source)
         try:
             with REGISTRY.transaction():
                 module = ep.load()
                 protocol = _check_protocol(module, source)
-                if self.manager.get_plugin(ep.name) is not None:
-                    raise BackendError(f"entry point name {ep.name!r} is already loaded")
-                self.manager.register(module, name=ep.name)
-                self.infos[ep.name] = self._describe(ep, module, protocol)
+                self._register(ep, module, protocol)
         except Exception as exc:
             self._fail(ep.name, source.distribution, f"{type(exc).__name__}: {exc}")
         finally:
             loading_source.reset(token)
+
+    def _register(self, ep: EntryPoint, module: Any, protocol: int | None) -> None:
+        """Hand `module` to pluggy, which validates its hooks; take it back if anything fails."""
+        self.manager.register(module, name=ep.name)
+        try:
+            self.manager.check_pending()  # a @hookimpl for no hook the core declares: a typo
+            self.infos[ep.name] = self._describe(ep, module, protocol)
+        except Exception:
+            self.manager.unregister(module, name=ep.name)
+            raise
 
     def _describe(self, ep: EntryPoint, module: Any, protocol: int | None) -> BackendInfo:
         others = [p for p in self.manager.get_plugins() if p is not module]

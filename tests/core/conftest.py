@@ -1,0 +1,26 @@
+"""Fixtures for the core tests: simulated CUDA devices and an isolated registry."""
+
+from __future__ import annotations
+
+import pytest
+from tileops.testing import isolated_registry, simulate_device
+
+
+@pytest.fixture
+def sm80():
+    """cuda:0 simulated as an sm_80 board."""
+    with simulate_device("cuda:0", arch=80, sm_count=108, calibration="A100") as sim:
+        yield sim
+
+
+@pytest.fixture
+def sm90():
+    """cuda:1 simulated as an sm_90 board."""
+    with simulate_device("cuda:1", arch=90, sm_count=132, calibration="H100") as sim:
+        yield sim
+
+
+@pytest.fixture
+def isolated():
+    with isolated_registry():
+        yield

@@ -1,0 +1,81 @@
+"""Helpers shared by the op-catalogue tests (test_ops_*.py): inputs, tolerances, spies."""
+
+from __future__ import annotations
+
+import torch
+from tileops import Kernel, Op
+from tileops.backend import register_kernel_type
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+DTYPE_IDS = [str(d).removeprefix("torch.") for d in DTYPES]
+
+# Both sides compute in float32 and round once, so 16-bit results differ by about an ulp.
+TOLERANCES = {
+    torch.float32: {"rtol": 1e-5, "atol": 1e-5},
+    torch.float16: {"rtol": 2e-3, "atol": 2e-3},
+    torch.bfloat16: {"rtol": 1.6e-2, "atol": 1.6e-2},
+}
+
+
+def randn(*shape: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=generator).to(dtype)
+
+
+def strided(t: torch.Tensor) -> torch.Tensor:
+    """The same values as `t` in a non-contiguous tensor (every other element of a buffer)."""
+    out = torch.empty((*t.shape, 2), dtype=t.dtype, device=t.device)[..., 0]
+    out.copy_(t)
+    assert t.numel() <= 1 or not out.is_contiguous()
+    return out
+
+
+def assert_matches(actual: torch.Tensor, expected: torch.Tensor, **tolerance: float) -> None:
+    """Same shape, dtype and device; values within the dtype's tolerance; NaNs where torch's."""
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype
+    assert actual.device == expected.device
+    torch.testing.assert_close(
+        actual, expected, equal_nan=True, **(tolerance or TOLERANCES[expected.dtype])
+    )
+
+
+def forbid_kernels(monkeypatch, op: Op) -> None:
+    """Make any kernel lookup of `op` fail: the call must be answered without a kernel."""
+
+    def kernel_for(interface, call):
+        raise AssertionError(f"a kernel was requested for {call!r}")
+
+    monkeypatch.setattr(op, "kernel_for", kernel_for)
+
+
+def assert_reference_chosen(op: Op, interface: str, call, key: str = "reference") -> None:
+    explanation = op.explain(interface, call)
+    assert explanation.chosen == key and explanation.error is None
+    assert explanation.verdict(key) == "chosen"
+    text = str(explanation)
+    assert f"{key} [tileops-core]: chosen: the only available implementation" in text
+    assert f"=> {key} (chosen)" in text
+
+
+def install_spy(op_cls: type[Op], interface: str, log: list) -> None:
+    """Register (inside an isolated registry) a CPU kernel that beats the reference on
+    `interface`, records the arguments the op hands it, and computes with the reference."""
+    contract = op_cls.interfaces[interface]
+    general = next(c for c in op_cls.kernel_types.values() if issubclass(c, contract))
+
+    class Spy(Kernel, contract):
+        devices = {"cpu"}
+
+        def __init__(self, inner) -> None:
+            self.inner = inner
+
+        @classmethod
+        def entry_for(cls, call):
+            identity, build = general.entry_for(call)
+            return identity, lambda: cls(build())
+
+        def forward(self, *args, **kwargs):
+            log.append(args)
+            return self.inner(*args)
+
+    register_kernel_type(op_cls, "spy", Spy)

@@ -1,0 +1,121 @@
+"""Construction-time validation of an op's kernels: each error names the class and the problem."""
+
+from __future__ import annotations
+
+import pytest
+from dispatch_kit import INTERFACE, Binary, Unary, call, kernel, make_op
+from tileops import BackendError, KernelDeclarationError
+from tileops.backend import register_kernel_type
+
+
+def construct(**kernel_types):
+    return make_op(kernel_types)()
+
+
+def test_validation_errors_are_backend_and_type_errors():
+    assert issubclass(KernelDeclarationError, BackendError)
+    assert issubclass(KernelDeclarationError, TypeError)
+
+
+def test_a_class_implementing_none_of_the_interfaces():
+    with pytest.raises(KernelDeclarationError, match=r"'Stray'.*implements none of the op's"):
+        construct(ok=kernel("Fine"), stray=kernel("Stray", base=Binary))
+
+
+def test_a_class_that_is_not_a_kernel():
+    class Loose(Unary):
+        pass
+
+    with pytest.raises(KernelDeclarationError, match=r"Loose.*is not a subclass of tileops.Kernel"):
+        construct(loose=Loose)
+
+
+@pytest.mark.parametrize("method", ["entry_for", "refusal"])
+@pytest.mark.parametrize("wrap", [lambda f: f, staticmethod])
+def test_entry_for_and_refusal_must_be_classmethods(method, wrap):
+    unbound = kernel("Unbound", **{method: wrap(lambda *args: None)})
+    with pytest.raises(KernelDeclarationError, match=rf"Unbound.*: {method} must be a classmethod"):
+        construct(k=unbound)
+
+
+@pytest.mark.parametrize(
+    "forward",
+    [lambda self: None, lambda self, y: None, lambda self, x, extra: None],
+    ids=["too-few", "renamed", "too-many"],
+)
+def test_forward_must_take_the_interface_arguments(forward):
+    with pytest.raises(
+        KernelDeclarationError, match=r"Narrow.*does not take the arguments of Unary.forward"
+    ):
+        construct(k=kernel("Narrow", forward=forward))
+
+
+@pytest.mark.parametrize(
+    "forward", [lambda self, x, extra=None: None, lambda self, *args, **kwargs: None]
+)
+def test_forward_may_take_more_than_the_interface(forward, sm80):
+    assert construct(k=kernel("Wide", forward=forward)).key_for(INTERFACE, call()) == "k"
+
+
+def test_more_than_one_general_per_interface():
+    with pytest.raises(
+        KernelDeclarationError, match=r"more than one general implementation \(a \(GenA .*b \(GenB "
+    ):
+        construct(a=kernel("GenA", general=True), b=kernel("GenB", general=True))
+
+
+def test_one_general_per_interface_is_counted_per_interface(sm80):
+    op_cls = make_op(
+        {"u": kernel("GenU", general=True), "b": kernel("GenB", base=Binary, general=True)},
+        interfaces={"u": Unary, "b": Binary},
+    )
+    assert op_cls().key_for("b", call()) == "b"
+
+
+def test_preferred_over_on_a_general_implementation():
+    with pytest.raises(KernelDeclarationError, match=r"GenPref.*is general and declares pref"):
+        construct(g=kernel("GenPref", general=True, preferred_over={"s"}), s=kernel("S"))
+
+
+@pytest.mark.parametrize(
+    ("preferences", "path"),
+    [
+        ({"a": {"a"}}, "a -> a"),
+        ({"a": {"b"}, "b": {"a"}}, "a -> b -> a"),
+        ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, "a -> b -> c -> a"),
+    ],
+)
+def test_preference_cycles(preferences, path):
+    kernels = {
+        key: kernel(f"Cyc{key.upper()}", preferred_over=prefs) for key, prefs in preferences.items()
+    }
+    with pytest.raises(KernelDeclarationError, match=rf"cycle: {path} \(a \(CycA "):
+        construct(**kernels)
+
+
+def test_preferring_an_uninstalled_key_is_allowed_and_explained(sm80):
+    op = construct(k=kernel("K", preferred_over={"gone"}))
+    assert op.key_for(INTERFACE, call()) == "k"
+    assert (
+        "k is preferred over 'gone', which is not installed" in op.explain(INTERFACE, call()).text
+    )
+
+
+@pytest.mark.parametrize(
+    ("declarations", "problem"),
+    [
+        ({"devices": frozenset({1})}, "devices must be a set of device type names"),
+        ({"supported_archs": frozenset({"sm_90"})}, "supported_archs must be None or a set"),
+        ({"preferred_over": frozenset({3})}, "preferred_over must be a set of kernel keys"),
+    ],
+)
+def test_malformed_declarations(declarations, problem):
+    with pytest.raises(KernelDeclarationError, match=rf"Odd.*{problem}"):
+        construct(k=kernel("Odd", **declarations))
+
+
+def test_a_backend_cannot_reuse_an_in_tree_key(isolated):
+    op_cls = make_op({"k": kernel("InTree")}, name="KeyClashOp")
+    register_kernel_type(op_cls, "k", kernel("FromBackend"))
+    with pytest.raises(KernelDeclarationError, match=r"'k' \(FromBackend\).*already InTree"):
+        op_cls()

@@ -1,0 +1,69 @@
+"""What every op of the catalogue shares: exports, declarations, sample cases, cheap calls."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import tileops
+import tileops.ops
+import torch
+from op_helpers import randn
+from tileops import BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
+from tileops.call import CallSpec
+from tileops.testing import simulate_device
+
+OPS = [LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp, BatchNormFwdOp, GemmOp]
+ARGS = {  # a constructor call and a call for each op
+    LayerNormFwdOp: ((8,), (randn(2, 8), randn(8), randn(8))),
+    RMSNormFwdOp: ((8,), (randn(2, 8), randn(8))),
+    SoftmaxFwdOp: ((0,), (randn(4, 3),)),
+    BatchNormFwdOp: ((3,), (randn(4, 3), None, None, torch.zeros(3), torch.ones(3))),
+    GemmOp: ((), (randn(2, 3), randn(3, 4))),
+}
+
+
+@pytest.mark.parametrize("op_cls", OPS, ids=lambda c: c.__name__)
+def test_exported_from_tileops_and_tileops_ops(op_cls):
+    name = op_cls.__name__
+    assert getattr(tileops, name) is op_cls and name in tileops.__all__
+    assert getattr(tileops.ops, name) is op_cls and name in tileops.ops.__all__
+
+
+@pytest.mark.parametrize("op_cls", OPS, ids=lambda c: c.__name__)
+def test_interfaces_declare_their_call_spec_and_a_cpu_meta_reference(op_cls):
+    for interface in op_cls.interfaces.values():
+        assert issubclass(interface.call_spec, CallSpec)
+        assert "Layout contract" in interface.__doc__
+        assert getattr(tileops.ops, interface.__name__) is interface
+        (reference,) = [k for k in op_cls.kernel_types.values() if issubclass(k, interface)]
+        assert reference.general and reference.devices == {"cpu", "meta"}
+    assert "reference" in op_cls.kernel_types
+
+
+@pytest.mark.parametrize("op_cls", OPS, ids=lambda c: c.__name__)
+def test_signature_params_are_the_constructors_and_its_attributes(op_cls):
+    params, _ = ARGS[op_cls]
+    op = op_cls(*params)
+    accepted = [p for p in inspect.signature(op_cls).parameters if p != "target"]
+    assert list(op.signature.params) == accepted
+    assert op.params() == {name: getattr(op, name) for name in accepted}
+
+
+def test_calls_read_no_device_facts():
+    """Call specs and forward stay on the hot path's budget: no device query, hit or miss."""
+    ops = {op_cls: op_cls(*ARGS[op_cls][0]) for op_cls in OPS}
+    with simulate_device("cpu", arch=None, sm_count=0) as simulation:
+        for op_cls, op in ops.items():
+            for _ in range(2):
+                op(*ARGS[op_cls][1])
+    assert simulation.reads == 0
+
+
+@pytest.mark.parametrize("op_cls", OPS, ids=lambda c: c.__name__)
+def test_sample_cases_run(op_cls):
+    cases = list(op_cls.sample_cases())
+    assert cases
+    for case in cases:
+        out = op_cls(**case.params)(*case.inputs)
+        assert out.dtype == torch.float32 and out.isfinite().all()

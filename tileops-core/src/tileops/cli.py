@@ -1,0 +1,121 @@
+"""The `tileops` command: what is installed, and why a call would get the kernel it gets.
+
+    tileops list                         ops, interfaces, keys, backends, targets, failures
+    tileops explain OP INTERFACE [FIELD=VALUE ...] [--device cuda:0 --arch 90 --sm-count 132]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import typing
+from collections.abc import Sequence
+
+import torch
+
+from . import backend
+from .backend.registry import REGISTRY
+from .errors import TileOpsError
+from .table import table_for
+from .testing import simulate_device
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        print(args.run(args))
+    except (TileOpsError, KeyError, ValueError, TypeError) as exc:
+        print(f"tileops: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tileops", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+    listing = sub.add_parser("list", help="ops, their kernels, backends, targets, load failures")
+    listing.set_defaults(run=_list)
+    explain = sub.add_parser("explain", help="every kernel's verdict on one call")
+    explain.add_argument("op", help="op class name, e.g. RMSNormFwdOp")
+    explain.add_argument("interface", help="kernel interface name, e.g. rms_norm")
+    explain.add_argument("fields", nargs="*", metavar="FIELD=VALUE", help="call-spec fields")
+    explain.add_argument("--device", default="cpu", help="call device (default cpu)")
+    explain.add_argument("--arch", type=int, help="simulate this compute capability, e.g. 90")
+    explain.add_argument("--sm-count", type=int, default=132, help="simulated SM count")
+    explain.add_argument("--calibration", help="simulated board model, e.g. 'NVIDIA H200'")
+    explain.add_argument("--smem-budget", type=int, default=232448, help="simulated bytes/block")
+    explain.set_defaults(run=_explain)
+    return parser
+
+
+def _list(args: argparse.Namespace) -> str:
+    infos = backend.backends()
+    lines = ["Ops:"]
+    for name in sorted(REGISTRY.known_ops):
+        op_cls = REGISTRY.known_ops[name]
+        if not op_cls.interfaces:
+            continue
+        for interface, cands in table_for(op_cls).candidates.items():
+            lines.append(f"  {name}.{interface}")
+            for c in cands:
+                devices = ",".join(sorted(c.cls.devices))
+                lines.append(f"    {c.key:<20} {devices:<12} {c.source}")
+    lines.append("Backends:")
+    lines += [f"  {b.entry_point} ({b.distribution} {b.version}) devices: "
+              f"{', '.join(b.devices) or '-'}" for b in infos] or ["  none"]
+    lines.append(f"Targets: {', '.join(backend.registered_targets()) or 'none'}")
+    failures = backend.load_failures()
+    lines.append("Load failures:" if failures else "Load failures: none")
+    lines += [f"  {f}" for f in failures]
+    return "\n".join(lines)
+
+
+def _explain(args: argparse.Namespace) -> str:
+    backend.backends()  # load backends before reading tables
+    op_cls = REGISTRY.known_ops.get(REGISTRY.op_name(args.op))
+    interface_cls = op_cls.interfaces.get(args.interface)
+    if interface_cls is None:
+        raise KeyError(f"{args.op} has no interface {args.interface!r}; it has "
+                       f"{', '.join(op_cls.interfaces)}")
+    call_cls = getattr(interface_cls, "call_spec", None)
+    if call_cls is None:
+        raise TypeError(f"{interface_cls.__name__} declares no call_spec class to build")
+    device = torch.device(args.device)
+    call = call_cls(device=device, **_parse_fields(call_cls, args.fields))
+    table = table_for(op_cls)
+    if args.arch is None:
+        return table.explain(args.interface, call).text
+    with simulate_device(device, arch=args.arch, sm_count=args.sm_count,
+                         calibration=args.calibration, smem_budget=args.smem_budget):
+        return table.explain(args.interface, call).text
+
+
+def _parse_fields(call_cls: type, fields: Sequence[str]) -> dict[str, object]:
+    hints = typing.get_type_hints(call_cls, vars(sys.modules[call_cls.__module__]) | vars(typing))
+    values: dict[str, object] = {}
+    for item in fields:
+        name, sep, text = item.partition("=")
+        if not sep or name not in hints or name == "device":
+            known = ", ".join(n for n in hints if n != "device")
+            raise ValueError(f"expected FIELD=VALUE with FIELD one of {known}, got {item!r}")
+        values[name] = _convert(hints[name], text)
+    return values
+
+
+def _convert(hint: object, text: str) -> object:
+    if hint is torch.dtype:
+        dtype = getattr(torch, text, None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"{text!r} is not a torch dtype (e.g. float16, bfloat16, float32)")
+        return dtype
+    if hint is bool:
+        return text.lower() in ("1", "true", "yes")
+    for kind in (int, float):
+        if hint is kind or kind in typing.get_args(hint):
+            return kind(text)
+    return text
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""The op catalogue: each op with its signature, kernel interfaces, call specs and torch
+reference kernels, so every op runs on CPU (and on meta tensors) with tileops-core alone."""
+
+from __future__ import annotations
+
+from .gemm import GemmCall, GemmInterface, GemmOp
+from .norm import (
+    BatchNormCall,
+    BatchNormFwdOp,
+    BatchNormInferInterface,
+    BatchNormTrainInterface,
+    LayerNormCall,
+    LayerNormFwdOp,
+    LayerNormInterface,
+    RMSNormCall,
+    RMSNormFwdOp,
+    RMSNormInterface,
+)
+from .softmax import SoftmaxCall, SoftmaxFwdOp, SoftmaxInterface
+
+__all__ = [
+    "BatchNormCall",
+    "BatchNormFwdOp",
+    "BatchNormInferInterface",
+    "BatchNormTrainInterface",
+    "GemmCall",
+    "GemmInterface",
+    "GemmOp",
+    "LayerNormCall",
+    "LayerNormFwdOp",
+    "LayerNormInterface",
+    "RMSNormCall",
+    "RMSNormFwdOp",
+    "RMSNormInterface",
+    "SoftmaxCall",
+    "SoftmaxFwdOp",
+    "SoftmaxInterface",
+]

@@ -1,0 +1,141 @@
+"""What every op of the catalogue shares: constructor-param checks, the canonical row layout,
+and the base of the torch reference kernels."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+
+from ..call import CallSpec
+from ..errors import OpConfigError
+from ..kernel import Build, Kernel
+
+if TYPE_CHECKING:
+    from ..cases import Case
+
+# -- constructor params ----------------------------------------------------------------------
+
+
+def _config_error(op: str, name: str, expected: str, value: Any) -> OpConfigError:
+    return OpConfigError(f"{op}: parameter {name!r} must be {expected}, got {value!r}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def eps_param(op: str, eps: Any, *, optional: bool = False) -> float | None:
+    """`eps` as a float; None passes only where torch has a default for it."""
+    if eps is None and optional:
+        return None
+    if not (_is_real(eps) and math.isfinite(eps) and eps >= 0):
+        expected = "a finite number >= 0" + (" or None" if optional else "")
+        raise _config_error(op, "eps", expected, eps)
+    return float(eps)
+
+
+def fraction_param(op: str, name: str, value: Any) -> float:
+    if not (_is_real(value) and 0.0 <= value <= 1.0):
+        raise _config_error(op, name, "a float in [0, 1]", value)
+    return float(value)
+
+
+def positive_int_param(op: str, name: str, value: Any) -> int:
+    if not (_is_int(value) and value >= 1):
+        raise _config_error(op, name, "an int >= 1", value)
+    return value
+
+
+def int_param(op: str, name: str, value: Any) -> int:
+    if not _is_int(value):
+        raise _config_error(op, name, "an int", value)
+    return value
+
+
+def bool_param(op: str, name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _config_error(op, name, "a bool", value)
+    return value
+
+
+def shape_param(op: str, name: str, value: Any) -> tuple[int, ...]:
+    """An int or a non-empty sequence of ints >= 0, as torch's `normalized_shape` accepts."""
+    dims = (value,) if _is_int(value) else value
+    if isinstance(dims, (tuple, list, torch.Size)):
+        dims = tuple(dims)
+        if dims and all(_is_int(d) and d >= 0 for d in dims):
+            return dims
+    raise _config_error(op, name, "an int or a non-empty sequence of ints >= 0", value)
+
+
+# -- canonical layout ------------------------------------------------------------------------
+
+
+def as_rows(x: torch.Tensor, n: int) -> torch.Tensor:
+    """`x` as a contiguous (rows, n) tensor: the layout kernels of row-wise ops receive."""
+    return x.contiguous().view(-1, n)
+
+
+def as_vector(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    """A per-element parameter (weight, bias) as a contiguous (n,) tensor, or None."""
+    return None if t is None else t.contiguous().view(n)
+
+
+def contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.contiguous()
+
+
+# -- reference kernels -----------------------------------------------------------------------
+
+
+class ReferenceKernel(Kernel):
+    """Base of the torch reference kernels: CPU and meta, the fallback every other key beats.
+
+    They compute in float32 (upcasting 16-bit inputs, casting the result back), so they are the
+    numerically careful baseline GPU kernels are checked against. `build_fields` names the
+    call-spec fields the kernel is constructed with: they are its build identity.
+    """
+
+    devices = frozenset({"cpu", "meta"})
+    general = True
+    build_fields: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def entry_for(cls, call: CallSpec) -> tuple[Hashable, Build]:
+        identity = tuple(getattr(call, name) for name in cls.build_fields)
+        return identity, lambda: cls(*identity)
+
+
+def upcast(t: torch.Tensor | None) -> torch.Tensor | None:
+    """`t` in float32 (no copy when it already is), or None."""
+    return None if t is None else t.float()
+
+
+def affine_(
+    y: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """`y * weight + bias` in place, so in y's float32 even when weight and bias are 16-bit."""
+    if weight is not None:
+        y.mul_(weight)
+    if bias is not None:
+        y.add_(bias)
+    return y
+
+
+# -- sample cases (conformance checks of backends' kernels) ----------------------------------
+
+
+def sample_case(params: Mapping[str, Any], *shapes: tuple[int, ...] | None, note: str = "") -> Case:
+    """A `Case` of seeded float32 CPU inputs of `shapes` (None: an absent optional input)."""
+    from ..cases import Case  # the conformance kit's module; only needed when cases are asked
+
+    generator = torch.Generator().manual_seed(0)
+    inputs = tuple(None if s is None else torch.randn(s, generator=generator) for s in shapes)
+    return Case(dict(params), inputs, note)

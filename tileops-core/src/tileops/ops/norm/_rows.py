@@ -1,0 +1,47 @@
+"""What LayerNorm and RMSNorm share: normalizing each row over the trailing `normalized_shape`.
+
+Both flatten the caller's tensor to the canonical (rows, n) layout their kernels receive, hand
+weight/bias over as contiguous (n,) vectors, and restore the caller's shape on the way out.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+
+from ...call import CallSpec
+from ...signature import BATCH, Input, Output, Signature
+from .._common import as_rows, as_vector, shape_param
+
+
+def norm_signature(*affine: str) -> Signature:
+    """x of shape [..., *normalized_shape]; each affine param of shape normalized_shape."""
+    x = Input("x", (BATCH, "*normalized_shape"))
+    params = tuple(
+        Input(name, ("*normalized_shape",), dtypes=("x",), optional=True) for name in affine
+    )
+    return Signature((x, *params), ("normalized_shape", "eps"), (Output("out", like="x"),))
+
+
+class RowNorm:
+    """Mixin (not an Op, so it is no registered op) for the row-wise norms' shared path."""
+
+    interface_name: ClassVar[str]
+
+    def __init__(self, normalized_shape: Any, eps: float | None, *, target: str | None) -> None:
+        op = type(self).__name__
+        self.normalized_shape = shape_param(op, "normalized_shape", normalized_shape)
+        self.eps = eps
+        self._n = math.prod(self.normalized_shape)
+        super().__init__(target=target)
+
+    def call_for(self, x: torch.Tensor, *affine: torch.Tensor | None) -> CallSpec:
+        """The call spec of this call (hot path: attribute reads only)."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, *affine: torch.Tensor | None) -> torch.Tensor:
+        n = self._n
+        kernel = self.kernel_for(self.interface_name, self.call_for(x, *affine))
+        return kernel(as_rows(x, n), *[as_vector(t, n) for t in affine]).view(x.shape)

@@ -1,0 +1,282 @@
+"""BatchNorm forward, matching `torch.nn.functional.batch_norm`, running-stat update included.
+
+The op picks the interface by semantics, from `training`: `batch_norm_fwd_train` normalizes with
+the batch's statistics and updates the running ones in place; `batch_norm_fwd_infer`
+normalizes with the running statistics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+
+from ...call import CallSpec
+from ...errors import OpConfigError, OpInputError
+from ...kernel import KernelInterface
+from ...op import Op
+from ...signature import BATCH, BoundCall, Input, Output, Signature
+from .._common import (
+    ReferenceKernel,
+    affine_,
+    bool_param,
+    contiguous,
+    eps_param,
+    fraction_param,
+    positive_int_param,
+    sample_case,
+)
+
+if TYPE_CHECKING:
+    from ...cases import Case
+
+Tensor = torch.Tensor
+STATS = ("running_mean", "running_var")
+
+
+class BatchNormCall(CallSpec):
+    """One BatchNorm call on a (batch, channels, spatial) view of x."""
+
+    batch: int
+    channels: int
+    spatial: int
+    eps: float
+    momentum: float
+    dtype: torch.dtype
+    has_weight: bool
+    has_bias: bool
+    has_running_stats: bool
+
+
+class _BatchNormContract(KernelInterface):
+    """The call contract both BatchNorm interfaces share; not an interface of its own.
+
+    Layout contract: `x` is a contiguous (batch, channels, spatial) tensor (the op folded the
+    trailing spatial dims into one; batch * spatial >= 1); `weight`, `bias`, `running_mean`
+    and `running_var` are contiguous (channels,) tensors of x's dtype, or None. Return a
+    contiguous (batch, channels, spatial) tensor of x's dtype; the op restores the caller's
+    shape. Calls with batch * spatial == 0 never reach a kernel.
+    """
+
+    call_spec = BatchNormCall
+
+    def forward(
+        self,
+        x: Tensor,
+        weight: Tensor | None,
+        bias: Tensor | None,
+        running_mean: Tensor | None,
+        running_var: Tensor | None,
+    ) -> Tensor:
+        raise NotImplementedError
+
+
+class BatchNormTrainInterface(_BatchNormContract):
+    """Interface "batch_norm_fwd_train": normalize with the batch statistics per channel.
+
+    `y = (x - mean) / sqrt(var + eps) * weight + bias`, mean and biased var over batch and
+    spatial. When running stats are given (both or neither; then batch * spatial >= 2), update
+    them in place: `stat = (1 - momentum) * stat + momentum * batch_stat`, with the unbiased
+    var. They are the caller's own tensors: write into them, do not replace them.
+
+    Layout contract: that of every BatchNorm interface, x as contiguous (batch, channels,
+    spatial), per-channel tensors as contiguous (channels,); see `_BatchNormContract`.
+    """
+
+
+class BatchNormInferInterface(_BatchNormContract):
+    """Interface "batch_norm_fwd_infer": normalize with the running statistics.
+
+    `y = (x - running_mean) / sqrt(running_var + eps) * weight + bias` per channel; the
+    running stats are always given, and only read. `momentum` in the call is unused.
+
+    Layout contract: that of every BatchNorm interface, x as contiguous (batch, channels,
+    spatial), per-channel tensors as contiguous (channels,); see `_BatchNormContract`.
+    """
+
+
+def _normalize(
+    xf: Tensor, mean: Tensor, var: Tensor, eps: float, weight: Tensor | None, bias: Tensor | None
+) -> Tensor:
+    """Per-channel normalize and affine of float32 (batch, channels, spatial) `xf`."""
+    y = (xf - mean[:, None]).mul_(torch.rsqrt(var.float() + eps)[:, None])
+    return affine_(y, _per_channel(weight), _per_channel(bias))
+
+
+def _per_channel(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t[:, None]
+
+
+def _blend_(stat: Tensor, value: Tensor, momentum: float) -> None:
+    stat.copy_(stat.float() * (1.0 - momentum) + value * momentum)
+
+
+class BatchNormTrainReference(ReferenceKernel, BatchNormTrainInterface):
+    """Two-pass batch statistics in float32; running stats updated in float32, stored back."""
+
+    build_fields = ("eps", "momentum")
+
+    def __init__(self, eps: float, momentum: float) -> None:
+        self.eps, self.momentum = eps, momentum
+
+    def forward(
+        self,
+        x: Tensor,
+        weight: Tensor | None,
+        bias: Tensor | None,
+        running_mean: Tensor | None,
+        running_var: Tensor | None,
+    ) -> Tensor:
+        xf = x.float()
+        mean = xf.mean(dim=(0, 2))  # not var_mean's: an inf must give an inf mean, as in torch
+        var = xf.var(dim=(0, 2), correction=0)
+        if running_mean is not None and running_var is not None:
+            count = x.shape[0] * x.shape[2]
+            _blend_(running_mean, mean, self.momentum)
+            _blend_(running_var, var * (count / (count - 1)), self.momentum)
+        return _normalize(xf, mean, var, self.eps, weight, bias).to(x.dtype)
+
+
+class BatchNormInferReference(ReferenceKernel, BatchNormInferInterface):
+    """Normalize with the running stats, in float32."""
+
+    build_fields = ("eps",)
+
+    def __init__(self, eps: float) -> None:
+        self.eps = eps
+
+    def forward(
+        self,
+        x: Tensor,
+        weight: Tensor | None,
+        bias: Tensor | None,
+        running_mean: Tensor | None,
+        running_var: Tensor | None,
+    ) -> Tensor:
+        mean, var = running_mean.float(), running_var  # always given: the op checks that
+        return _normalize(x.float(), mean, var, self.eps, weight, bias).to(x.dtype)
+
+
+def _signature(training: bool) -> Signature:
+    """x of shape [batch, num_features, ...]; per-channel params; stats written in training."""
+    per_channel = ("num_features",)
+    inputs = [Input("x", ("batch", "num_features", BATCH))]
+    inputs += [Input(n, per_channel, dtypes=("x",), optional=True) for n in ("weight", "bias")]
+    inputs += [
+        Input(n, per_channel, dtypes=("x",), optional=True, written=training, contiguous=training)
+        for n in STATS
+    ]
+    params = ("num_features", "eps", "momentum", "training")
+    return Signature(tuple(inputs), params, (Output("out", like="x"),))
+
+
+_TRAIN, _INFER = _signature(training=True), _signature(training=False)
+
+
+class BatchNormFwdOp(Op):
+    """`F.batch_norm(x, running_mean, running_var, weight, bias, training, momentum, eps)`.
+
+    x is (batch, num_features, *spatial) with any number of spatial dims (none included).
+    """
+
+    interfaces = {
+        "batch_norm_fwd_train": BatchNormTrainInterface,
+        "batch_norm_fwd_infer": BatchNormInferInterface,
+    }
+    # Two keys: an entry is built from the call spec alone, which does not say the interface,
+    # so one class cannot serve both.
+    kernel_types = {
+        "reference": BatchNormTrainReference,
+        "reference_infer": BatchNormInferReference,
+    }
+    signature = _TRAIN  # the instance's own follows `training`
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float = 0.1,
+        training: bool = True,
+        *,
+        target: str | None = None,
+    ) -> None:
+        op = type(self).__name__
+        self.num_features = positive_int_param(op, "num_features", num_features)
+        self.eps = eps_param(op, eps)
+        self.momentum = fraction_param(op, "momentum", momentum)
+        self.training = bool_param(op, "training", training)
+        if training and self.eps == 0:
+            raise OpConfigError(
+                f"{op}: parameter 'eps' must be > 0 when training (as F.batch_norm requires), "
+                "got 0.0"
+            )
+        self.signature = _TRAIN if training else _INFER
+        self._interface = "batch_norm_fwd_train" if training else "batch_norm_fwd_infer"
+        super().__init__(target=target)
+
+    def check(self, call: BoundCall) -> None:
+        x, _, _, *stats = call.tensors
+        missing = [name for name, t in zip(STATS, stats, strict=True) if t is None]
+        op = type(self).__name__
+        if not self.training and missing:
+            raise OpInputError(
+                f"{op}(): argument {missing[0]!r} is required in inference (training=False), "
+                "which normalizes with the running statistics; pass running_mean and "
+                "running_var, or construct the op with training=True"
+            )
+        if len(missing) == 1:
+            given = next(n for n in STATS if n not in missing)
+            raise OpInputError(
+                f"{op}(): argument {missing[0]!r} is missing while {given!r} is given; pass "
+                "both running stats or neither"
+            )
+        if self.training and x.shape[0] * math.prod(x.shape[2:]) == 1:
+            raise OpInputError(
+                f"{op}(): argument 'x' of shape {list(x.shape)} has one value per channel; "
+                "expected more than 1 value per channel when training (as F.batch_norm)"
+            )
+
+    def forward(
+        self,
+        x: Tensor,
+        weight: Tensor | None,
+        bias: Tensor | None,
+        running_mean: Tensor | None,
+        running_var: Tensor | None,
+    ) -> Tensor:
+        batch, channels = x.shape[0], x.shape[1]
+        spatial = math.prod(x.shape[2:])
+        if batch * spatial == 0:  # nothing to normalize: torch leaves the running stats alone
+            return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        call = BatchNormCall(
+            device=x.device,
+            batch=batch,
+            channels=channels,
+            spatial=spatial,
+            eps=self.eps,
+            momentum=self.momentum,
+            dtype=x.dtype,
+            has_weight=weight is not None,
+            has_bias=bias is not None,
+            has_running_stats=running_mean is not None,
+        )
+        kernel = self.kernel_for(self._interface, call)
+        x3 = x.contiguous().view(batch, channels, spatial)
+        stats = contiguous(running_mean), contiguous(running_var)
+        return kernel(x3, contiguous(weight), contiguous(bias), *stats).view(x.shape)
+
+    @classmethod
+    def sample_cases(cls) -> Iterable[Case]:
+        stats = {"num_features": 16}
+        shapes = (8, 16, 12), (16,), (16,), (16,), (16,)
+        yield sample_case(stats, *shapes, note="training")
+        yield sample_case(stats, (8, 16), None, None, None, None, note="training, no stats")
+        yield _positive_var(sample_case({**stats, "training": False}, *shapes, note="inference"))
+
+
+def _positive_var(case: Case) -> Case:
+    """Running variances must be positive for an inference case to mean anything."""
+    *rest, var = case.inputs
+    return type(case)(case.params, (*rest, var.abs() + 0.5), case.note)

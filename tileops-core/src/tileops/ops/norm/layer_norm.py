@@ -1,0 +1,93 @@
+"""LayerNorm forward, matching `torch.nn.functional.layer_norm`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from ...call import CallSpec
+from ...kernel import KernelInterface
+from ...op import Op
+from .._common import ReferenceKernel, affine_, eps_param, sample_case
+from ._rows import RowNorm, norm_signature
+
+if TYPE_CHECKING:
+    from ...cases import Case
+
+
+class LayerNormCall(CallSpec):
+    """One LayerNorm call: rows of length `n` normalized with `eps`, affine params present."""
+
+    n: int
+    eps: float
+    dtype: torch.dtype
+    has_weight: bool
+    has_bias: bool
+
+
+class LayerNormInterface(KernelInterface):
+    """Interface "layer_norm": `(x - mean) / sqrt(var + eps) * weight + bias` per row.
+
+    Layout contract: `x` is a contiguous (rows, n) tensor (the op flattened the normalized dims
+    and the leading batch dims); `weight` and `bias` are contiguous (n,) tensors of x's dtype,
+    or None. The variance is biased. Return a contiguous (rows, n) tensor of x's dtype; the op
+    restores the caller's shape. Calls with rows == 0 or n == 0 never reach a kernel.
+    """
+
+    call_spec = LayerNormCall
+
+    def forward(
+        self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class LayerNormReference(ReferenceKernel, LayerNormInterface):
+    """Two-pass mean/variance in float32, then the affine map in float32."""
+
+    build_fields = ("eps",)
+
+    def __init__(self, eps: float) -> None:
+        self.eps = eps
+
+    def forward(
+        self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        xf = x.float()
+        var, mean = torch.var_mean(xf, dim=-1, keepdim=True, correction=0)
+        y = (xf - mean).mul_(torch.rsqrt(var + self.eps))
+        return affine_(y, weight, bias).to(x.dtype)
+
+
+class LayerNormFwdOp(RowNorm, Op):
+    """`F.layer_norm(x, normalized_shape, weight, bias, eps)` over any leading batch shape."""
+
+    interfaces = {"layer_norm": LayerNormInterface}
+    kernel_types = {"reference": LayerNormReference}
+    signature = norm_signature("weight", "bias")
+    interface_name = "layer_norm"
+
+    def __init__(
+        self, normalized_shape: int | Sequence[int], eps: float = 1e-5, *, target: str | None = None
+    ) -> None:
+        super().__init__(normalized_shape, eps_param(type(self).__name__, eps), target=target)
+
+    def call_for(
+        self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
+    ) -> LayerNormCall:
+        return LayerNormCall(
+            device=x.device,
+            n=self._n,
+            eps=self.eps,
+            dtype=x.dtype,
+            has_weight=weight is not None,
+            has_bias=bias is not None,
+        )
+
+    @classmethod
+    def sample_cases(cls) -> Iterable[Case]:
+        yield sample_case({"normalized_shape": (64,)}, (8, 64), (64,), (64,))
+        yield sample_case({"normalized_shape": (64,)}, (8, 64), None, (64,), note="no weight")
+        yield sample_case({"normalized_shape": (3, 40), "eps": 1e-3}, (2, 5, 3, 40))

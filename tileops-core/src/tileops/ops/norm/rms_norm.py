@@ -1,0 +1,96 @@
+"""RMSNorm forward, matching `torch.nn.functional.rms_norm`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from ...call import CallSpec
+from ...kernel import KernelInterface
+from ...op import Op
+from ...signature import FLOAT_DTYPES
+from .._common import ReferenceKernel, affine_, eps_param, sample_case
+from ._rows import RowNorm, norm_signature
+
+if TYPE_CHECKING:
+    from ...cases import Case
+
+# F.rms_norm's eps=None is the machine epsilon of the dtype it computes in: float32 for 16-bit
+# inputs (not the 16-bit dtype's own, much larger epsilon).
+DEFAULT_EPS = {dt: torch.finfo(torch.promote_types(dt, torch.float32)).eps for dt in FLOAT_DTYPES}
+
+
+class RMSNormCall(CallSpec):
+    """One RMSNorm call: rows of length `n`; `eps` is the value added (defaults resolved)."""
+
+    n: int
+    eps: float
+    dtype: torch.dtype
+    has_weight: bool
+
+
+class RMSNormInterface(KernelInterface):
+    """Interface "rms_norm": `x / sqrt(mean(x**2) + eps) * weight` per row.
+
+    Layout contract: `x` is a contiguous (rows, n) tensor (the op flattened the normalized dims
+    and the leading batch dims); `weight` is a contiguous (n,) tensor of x's dtype, or None.
+    `eps` comes through the call spec already resolved to a float. Return a contiguous
+    (rows, n) tensor of x's dtype; the op restores the caller's shape. Calls with rows == 0 or
+    n == 0 never reach a kernel.
+    """
+
+    call_spec = RMSNormCall
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class RMSNormReference(ReferenceKernel, RMSNormInterface):
+    """Mean of squares in float32, scaled in float32, cast back once."""
+
+    build_fields = ("eps",)
+
+    def __init__(self, eps: float) -> None:
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.square().mean(dim=-1, keepdim=True).add_(self.eps))
+        return affine_(y, weight, None).to(x.dtype)
+
+
+class RMSNormFwdOp(RowNorm, Op):
+    """`F.rms_norm(x, normalized_shape, weight, eps)` over any leading batch shape."""
+
+    interfaces = {"rms_norm": RMSNormInterface}
+    kernel_types = {"reference": RMSNormReference}
+    signature = norm_signature("weight")
+    interface_name = "rms_norm"
+
+    def __init__(
+        self,
+        normalized_shape: int | Sequence[int],
+        eps: float | None = None,
+        *,
+        target: str | None = None,
+    ) -> None:
+        eps = eps_param(type(self).__name__, eps, optional=True)
+        super().__init__(normalized_shape, eps, target=target)
+
+    def call_for(self, x: torch.Tensor, weight: torch.Tensor | None) -> RMSNormCall:
+        eps = self.eps
+        return RMSNormCall(
+            device=x.device,
+            n=self._n,
+            eps=DEFAULT_EPS[x.dtype] if eps is None else eps,
+            dtype=x.dtype,
+            has_weight=weight is not None,
+        )
+
+    @classmethod
+    def sample_cases(cls) -> Iterable[Case]:
+        yield sample_case({"normalized_shape": (64,)}, (8, 64), (64,))
+        yield sample_case({"normalized_shape": (64,), "eps": 1e-6}, (8, 64), None, note="no weight")
+        yield sample_case({"normalized_shape": (3, 40)}, (2, 5, 3, 40), (3, 40))

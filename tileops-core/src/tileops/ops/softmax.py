@@ -1,0 +1,82 @@
+"""Softmax forward, matching `torch.softmax(x, dim)`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..call import CallSpec
+from ..errors import OpInputError
+from ..kernel import KernelInterface
+from ..op import Op
+from ..signature import BATCH, BoundCall, Input, Output, Signature
+from ._common import ReferenceKernel, as_rows, int_param, sample_case
+
+if TYPE_CHECKING:
+    from ..cases import Case
+
+
+class SoftmaxCall(CallSpec):
+    """One softmax call: rows of length `n` (the softmax dim's size)."""
+
+    n: int
+    dtype: torch.dtype
+
+
+class SoftmaxInterface(KernelInterface):
+    """Interface "softmax": `exp(x - max) / sum(exp(x - max))` along each row.
+
+    Layout contract: `x` is a contiguous (rows, n) tensor; the op moved the softmax dim last
+    and flattened the others into rows. Return a contiguous (rows, n) tensor of x's dtype; the
+    op restores the caller's layout. Calls with rows == 0 or n == 0 never reach a kernel.
+    """
+
+    call_spec = SoftmaxCall
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class SoftmaxReference(ReferenceKernel, SoftmaxInterface):
+    """Max-subtracted exponentials summed in float32 (NaN/inf behave as torch.softmax's)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        e = (xf - xf.amax(dim=-1, keepdim=True)).exp_()
+        return e.div_(e.sum(dim=-1, keepdim=True)).to(x.dtype)
+
+
+class SoftmaxFwdOp(Op):
+    """`torch.softmax(x, dim)` for x of any shape; a 0-d x counts as one element along dim."""
+
+    interfaces = {"softmax": SoftmaxInterface}
+    kernel_types = {"reference": SoftmaxReference}
+    signature = Signature((Input("x", (BATCH,)),), ("dim",), (Output("out", like="x"),))
+
+    def __init__(self, dim: int = -1, *, target: str | None = None) -> None:
+        self.dim = int_param(type(self).__name__, "dim", dim)
+        super().__init__(target=target)
+
+    def check(self, call: BoundCall) -> None:
+        rank = max(call.tensors[0].dim(), 1)
+        if not -rank <= self.dim < rank:
+            raise OpInputError(
+                f"{type(self).__name__}(): dim {self.dim} is out of range for argument 'x' of "
+                f"shape {list(call.tensors[0].shape)}; expected dim in [{-rank}, {rank - 1}]"
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rank = x.dim()
+        dim = self.dim % rank if rank else -1
+        moved = x if dim in (-1, rank - 1) else x.movedim(dim, -1)
+        n = moved.shape[-1] if rank else 1
+        kernel = self.kernel_for("softmax", SoftmaxCall(device=x.device, n=n, dtype=x.dtype))
+        y = kernel(as_rows(moved, n)).view(moved.shape)
+        return y if moved is x else y.movedim(-1, dim)
+
+    @classmethod
+    def sample_cases(cls) -> Iterable[Case]:
+        yield sample_case({"dim": -1}, (16, 100))
+        yield sample_case({"dim": 1}, (4, 33, 5))
