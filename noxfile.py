@@ -25,8 +25,10 @@ def _install_project(session: nox.Session, *extra: str) -> None:
 def tests(session: nox.Session) -> None:
     """The whole test suite on CPU (Triton kernels interpreted, TileLang kernels compiled only)."""
     _install_project(session, *TEST_TOOLS)
-    session.run("pytest", "tests", "-q", "-p", "no:cacheprovider", *session.posargs,
-                env={"TRITON_INTERPRET": "1"})
+    env = {"TRITON_INTERPRET": "1"}
+    session.run("pytest", "tests", "-q", "-p", "no:cacheprovider", *session.posargs, env=env)
+    # A separate process: importing the example backend registers its kernels for good.
+    session.run("pytest", "examples/acme-backend/tests", "-q", "-p", "no:cacheprovider", env=env)
 
 
 @nox.session(python="3.11")

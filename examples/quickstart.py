@@ -6,10 +6,9 @@ the dispatcher explains its choice for the same call, and for a simulated H200.
 
 from __future__ import annotations
 
+import tileops
 import torch
 import torch.nn.functional as F
-
-import tileops
 from tileops.testing import simulate_device
 
 
@@ -21,12 +20,15 @@ def main() -> None:
     img = torch.randn(8, 16, 10, 10, device=device)
     mean, var = torch.zeros(16, device=device), torch.ones(16, device=device)
     runs = [
-        ("LayerNormFwdOp", tileops.LayerNormFwdOp(256), (x, w, b),
-         F.layer_norm(x, (256,), w, b)),
+        ("LayerNormFwdOp", tileops.LayerNormFwdOp(256), (x, w, b), F.layer_norm(x, (256,), w, b)),
         ("RMSNormFwdOp", tileops.RMSNormFwdOp(256), (x, w), F.rms_norm(x, (256,), w)),
         ("SoftmaxFwdOp", tileops.SoftmaxFwdOp(dim=1), (x,), torch.softmax(x, 1)),
-        ("BatchNormFwdOp", tileops.BatchNormFwdOp(16, training=False),
-         (img, None, None, mean, var), F.batch_norm(img, mean, var)),
+        (
+            "BatchNormFwdOp",
+            tileops.BatchNormFwdOp(16, training=False),
+            (img, None, None, mean, var),
+            F.batch_norm(img, mean, var),
+        ),
         ("GemmOp", tileops.GemmOp(), (a, m), a @ m),
     ]
     print(f"tileops {tileops.__version__} on {device}\n")
@@ -35,11 +37,11 @@ def main() -> None:
         print(f"{name:<16} max |error| vs torch = {error:.2e}  (target: {op.settled_target})")
     print()
     rms = tileops.RMSNormFwdOp(256)
-    call = tileops.ops.RMSNormCall(device=device, n=256, eps=None, dtype=x.dtype, has_weight=True)
+    call = tileops.ops.RMSNormCall(device=device, n=256, eps=1e-6, dtype=x.dtype, has_weight=True)
     print(rms.explain("rms_norm", call), end="\n\n")
     with simulate_device("cuda:0", arch=90, sm_count=132, calibration="NVIDIA H200"):
         h200 = tileops.ops.RMSNormCall(
-            device=torch.device("cuda:0"), n=4096, eps=None, dtype=torch.bfloat16, has_weight=True
+            device=torch.device("cuda:0"), n=4096, eps=1e-6, dtype=torch.bfloat16, has_weight=True
         )
         print("On a (simulated) H200:")
         print(rms.explain("rms_norm", h200))

@@ -17,8 +17,21 @@ def test_list_shows_ops_keys_sources_and_backends(capsys):
 
 
 def test_explain_simulates_the_device(capsys):
-    code = main(["explain", "GemmOp", "gemm", "m=64", "n=64", "k=64", "dtype=float16",
-                 "--device", "cuda:0", "--arch", "90"])
+    code = main(
+        [
+            "explain",
+            "GemmOp",
+            "gemm",
+            "m=64",
+            "n=64",
+            "k=64",
+            "dtype=float16",
+            "--device",
+            "cuda:0",
+            "--arch",
+            "90",
+        ]
+    )
     out = capsys.readouterr()
     assert "reference [tileops-core]: unavailable: runs on cpu, meta, not cuda" in out.out + out.err
     assert code in (0, 2)
@@ -40,7 +53,8 @@ def test_unknown_op_suggests_the_closest(capsys):
 
 
 def test_console_script_is_installed():
-    result = subprocess.run([sys.executable, "-m", "tileops.cli", "list"], capture_output=True,
-                            text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "tileops.cli", "list"], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stderr
     assert "GemmOp.gemm" in result.stdout

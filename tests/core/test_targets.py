@@ -7,7 +7,6 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
-
 from tileops import BUILTIN, BatchNormFwdOp, GemmOp, RMSNormFwdOp, SoftmaxFwdOp
 from tileops.backend import (
     AmbiguousTargetError,
@@ -48,7 +47,7 @@ class Recorder:
         return kernel
 
 
-def softmax_target(name="acme", claims=lambda device: False) -> Recorder:
+def softmax_target(name="fake", claims=lambda device: False) -> Recorder:
     recorder = Recorder(lambda x, dim: torch.softmax(x, dim))
     register_detector(target=name, detect=claims)
     register_kernel_builder(op=SoftmaxFwdOp, target=name, build_kernel=recorder)
@@ -61,42 +60,44 @@ def test_a_claiming_target_serves_every_call_and_forward_never_runs(monkeypatch)
     monkeypatch.setattr(op, "forward", lambda *a: pytest.fail("the op's own forward ran"))
     x = torch.randn(3, 5)
     torch.testing.assert_close(op(x), torch.softmax(x, 0))
-    assert op.settled_target == "acme" and len(recorder.calls) == 1
+    assert op.settled_target == "fake" and len(recorder.calls) == 1
 
 
 def test_builder_gets_tensor_specs_in_signature_order_and_params_by_keyword():
-    recorder = Recorder(lambda x, weight, normalized_shape, eps: F.rms_norm(x, normalized_shape, weight, eps))
-    register_detector(target="acme", detect=lambda device: False)
-    register_kernel_builder(op="RMSNormFwdOp", target="acme", build_kernel=recorder)
-    op = RMSNormFwdOp(normalized_shape=8, eps=1e-6, target="acme")
+    recorder = Recorder(
+        lambda x, weight, normalized_shape, eps: F.rms_norm(x, normalized_shape, weight, eps)
+    )
+    register_detector(target="fake", detect=lambda device: False)
+    register_kernel_builder(op="RMSNormFwdOp", target="fake", build_kernel=recorder)
+    op = RMSNormFwdOp(normalized_shape=8, eps=1e-6, target="fake")
     x = torch.randn(2, 8)
     torch.testing.assert_close(op(x), F.rms_norm(x, (8,), None, 1e-6))
-    (specs, params), = recorder.builds
+    ((specs, params),) = recorder.builds
     assert specs[0].shape == (2, 8) and specs[0].dtype == torch.float32
     assert specs[0].device == torch.device("cpu")
     assert specs[1] is None  # weight not passed
     assert params == {"normalized_shape": (8,), "eps": 1e-6}
-    (inputs, outputs), = recorder.calls
+    ((inputs, outputs),) = recorder.calls
     assert inputs[0] is x and inputs[1] is None
     assert list(outputs) == [o.name for o in op.signature.outputs]
 
 
 def test_nothing_builds_before_the_first_call():
     recorder = softmax_target()
-    SoftmaxFwdOp(target="acme")
+    SoftmaxFwdOp(target="fake")
     assert recorder.builds == []
 
 
 def test_kernels_are_cached_per_instance_by_device_presence_dtype_and_shape():
     recorder = softmax_target()
-    op = SoftmaxFwdOp(target="acme")
+    op = SoftmaxFwdOp(target="fake")
     op(torch.randn(4, 4))
     op(torch.randn(4, 4))
     assert len(recorder.builds) == 1
     op(torch.randn(4, 4, dtype=torch.float16))
     op(torch.randn(2, 4))
     assert len(recorder.builds) == 3
-    SoftmaxFwdOp(target="acme")(torch.randn(4, 4))
+    SoftmaxFwdOp(target="fake")(torch.randn(4, 4))
     assert len(recorder.builds) == 4  # another instance has its own cache
 
 
@@ -139,12 +140,12 @@ def test_several_claims_are_ambiguous():
 
 
 def test_unknown_target_lists_the_known_ones():
-    softmax_target("acme")
-    with pytest.raises(UnknownTargetError, match=r"unknown target 'acne'; known targets: acme"):
-        SoftmaxFwdOp(target="acne")(torch.randn(2, 2))
-    with pytest.raises(UnknownTargetError, match="known targets: acme"):
-        set_default_target("acne")
-    assert "acme" in registered_targets()
+    softmax_target("fake")
+    with pytest.raises(UnknownTargetError, match=r"unknown target 'fakr'; known targets: fake"):
+        SoftmaxFwdOp(target="fakr")(torch.randn(2, 2))
+    with pytest.raises(UnknownTargetError, match="known targets: fake"):
+        set_default_target("fakr")
+    assert "fake" in registered_targets()
 
 
 def test_the_settled_target_is_kept():
@@ -184,7 +185,7 @@ def test_a_failing_settling_call_is_undone():
 
 
 def test_a_target_without_a_builder_for_the_op_does_not_fall_back():
-    softmax_target("acme", claims=lambda device: True)
+    softmax_target("fake", claims=lambda device: True)
     with pytest.raises(OpNotAvailableError, match="registered no kernel builder for GemmOp"):
         GemmOp()(torch.randn(2, 3), torch.randn(3, 4))
 
@@ -194,16 +195,18 @@ def test_a_raising_detector_names_target_and_distribution():
         raise RuntimeError("driver missing")
 
     register_detector(target="broken", detect=detect)
-    with pytest.raises(BackendError, match=r"detector of target 'broken' \(module test_targets\).*driver missing"):
+    with pytest.raises(
+        BackendError, match=r"detector of target 'broken' \(module test_targets\).*driver missing"
+    ):
         SoftmaxFwdOp()(torch.randn(2, 2))
 
 
 def test_a_target_sees_contiguous_inputs_on_one_device():
     recorder = softmax_target()
-    op = SoftmaxFwdOp(target="acme")
+    op = SoftmaxFwdOp(target="fake")
     x = torch.randn(6, 4).t()
     torch.testing.assert_close(op(x), torch.softmax(x, -1))
-    (inputs, _), = recorder.calls
+    ((inputs, _),) = recorder.calls
     assert inputs[0].is_contiguous()
     with pytest.raises(OpInputError, match="'b' is on meta"):
         GemmOp(target=BUILTIN)(torch.randn(2, 3), torch.randn(3, 4, device="meta"))
@@ -211,11 +214,13 @@ def test_a_target_sees_contiguous_inputs_on_one_device():
 
 def test_a_written_input_that_must_be_contiguous_is_refused_for_targets():
     recorder = Recorder(lambda *a, **k: torch.zeros(()))
-    register_detector(target="acme", detect=lambda device: False)
-    register_kernel_builder(op=BatchNormFwdOp, target="acme", build_kernel=recorder)
-    op = BatchNormFwdOp(num_features=3, training=True, target="acme")
+    register_detector(target="fake", detect=lambda device: False)
+    register_kernel_builder(op=BatchNormFwdOp, target="fake", build_kernel=recorder)
+    op = BatchNormFwdOp(num_features=3, training=True, target="fake")
     stats = torch.zeros(3, 2)[:, 0]
-    with pytest.raises(OpInputError, match="'running_mean' is written in place and must be contiguous"):
+    with pytest.raises(
+        OpInputError, match="'running_mean' is written in place and must be contiguous"
+    ):
         op(torch.randn(4, 3), None, None, stats, torch.ones(3))
 
 
@@ -227,8 +232,8 @@ def test_two_threads_settle_one_target_and_build_once():
         builds.append(1)
         return lambda x, **out: next(iter(out.values())).copy_(torch.softmax(x, dim))
 
-    register_detector(target="acme", detect=lambda device: True)
-    register_kernel_builder(op=SoftmaxFwdOp, target="acme", build_kernel=build)
+    register_detector(target="fake", detect=lambda device: True)
+    register_kernel_builder(op=SoftmaxFwdOp, target="fake", build_kernel=build)
     op = SoftmaxFwdOp()
     x = torch.randn(3, 3)
 
@@ -241,4 +246,4 @@ def test_two_threads_settle_one_target_and_build_once():
         t.start()
     for t in threads:
         t.join()
-    assert len(builds) == 1 and op.settled_target == "acme"
+    assert len(builds) == 1 and op.settled_target == "fake"

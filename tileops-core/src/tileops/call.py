@@ -17,8 +17,9 @@ class CallSpec:
     """Base of call specs. Subclasses just declare fields; they become frozen keyword dataclasses.
 
     A call spec keys the dispatch cache, so every field must be a hashable value (no lists,
-    dicts or tensors). Do not decorate subclasses with `@dataclass`: that is done for you. Device facts are properties read from `device` on demand: on the hit path
-    nobody asks, so no device is queried.
+    dicts or tensors). Do not decorate subclasses with `@dataclass`: that is done for you.
+    Device facts are properties read from `device` on demand: on the hit path nobody asks, so
+    no device is queried.
     """
 
     device: torch.device

@@ -1,7 +1,7 @@
 """The `tileops` command: what is installed, and why a call would get the kernel it gets.
 
-    tileops list                         ops, interfaces, keys, backends, targets, failures
-    tileops explain OP INTERFACE [FIELD=VALUE ...] [--device cuda:0 --arch 90 --sm-count 132]
+tileops list                         ops, interfaces, keys, backends, targets, failures
+tileops explain OP INTERFACE [FIELD=VALUE ...] [--device cuda:0 --arch 90 --sm-count 132]
 """
 
 from __future__ import annotations
@@ -62,8 +62,10 @@ def _list(args: argparse.Namespace) -> str:
                 devices = ",".join(sorted(c.cls.devices))
                 lines.append(f"    {c.key:<20} {devices:<12} {c.source}")
     lines.append("Backends:")
-    lines += [f"  {b.entry_point} ({b.distribution} {b.version}) devices: "
-              f"{', '.join(b.devices) or '-'}" for b in infos] or ["  none"]
+    lines += [
+        f"  {b.entry_point} ({b.distribution} {b.version}) devices: {', '.join(b.devices) or '-'}"
+        for b in infos
+    ] or ["  none"]
     lines.append(f"Targets: {', '.join(backend.registered_targets()) or 'none'}")
     failures = backend.load_failures()
     lines.append("Load failures:" if failures else "Load failures: none")
@@ -76,8 +78,9 @@ def _explain(args: argparse.Namespace) -> str:
     op_cls = REGISTRY.known_ops.get(REGISTRY.op_name(args.op))
     interface_cls = op_cls.interfaces.get(args.interface)
     if interface_cls is None:
-        raise KeyError(f"{args.op} has no interface {args.interface!r}; it has "
-                       f"{', '.join(op_cls.interfaces)}")
+        raise KeyError(
+            f"{args.op} has no interface {args.interface!r}; it has {', '.join(op_cls.interfaces)}"
+        )
     call_cls = getattr(interface_cls, "call_spec", None)
     if call_cls is None:
         raise TypeError(f"{interface_cls.__name__} declares no call_spec class to build")
@@ -86,8 +89,13 @@ def _explain(args: argparse.Namespace) -> str:
     table = table_for(op_cls)
     if args.arch is None:
         return table.explain(args.interface, call).text
-    with simulate_device(device, arch=args.arch, sm_count=args.sm_count,
-                         calibration=args.calibration, smem_budget=args.smem_budget):
+    with simulate_device(
+        device,
+        arch=args.arch,
+        sm_count=args.sm_count,
+        calibration=args.calibration,
+        smem_budget=args.smem_budget,
+    ):
         return table.explain(args.interface, call).text
 
 

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from .backend.plugins import LOADER
+from .backend.plugins import LOADER, failure_note
 from .backend.registry import BUILTIN, REGISTRY
 from .call import CallSpec, check_fields
 from .cases import Case
@@ -27,6 +27,7 @@ from .explain import Explanation
 from .kernel import Kernel, KernelInterface
 from .signature import BoundCall, Signature, TensorSpec
 from .table import KernelTable, table_for
+
 
 class Op:
     """Base of ops. Subclasses declare `interfaces`, `kernel_types`, `signature` and `forward`."""
@@ -141,7 +142,8 @@ class Op:
             if name not in known:
                 raise UnknownTargetError(
                     f"{type(self).__name__}: unknown target {name!r}; known targets: "
-                    f"{', '.join(known) or 'none'} (and {BUILTIN!r} for the op's own kernels)"
+                    f"{', '.join(known) or 'none'} (and {BUILTIN!r} for the op's own kernels). "
+                    f"{failure_note()}".rstrip()
                 )
             return name
         claims = [d for t, d in sorted(REGISTRY.detectors.items()) if _claims(d, device)]
@@ -157,13 +159,17 @@ class Op:
         op = type(self).__name__
         builder = REGISTRY.builder(op, target)
         if builder is None:
+            advice = f"Construct the op with target={BUILTIN!r} (or another target) instead."
             raise OpNotAvailableError(
                 f"{op} settled on target {target!r}, which registered no kernel builder for "
-                f"{op}; there is no fall-back to other kernels. Construct the op with "
-                f"target={BUILTIN!r} (or another target) to use other kernels."
+                f"{op}; there is no fall-back to other kernels. {advice} {failure_note()}".rstrip()
             )
         inputs = self._target_inputs(call)
-        key = (target, call.device, tuple(None if t is None else (t.dtype, t.shape) for t in inputs))
+        key = (
+            target,
+            call.device,
+            tuple(None if t is None else (t.dtype, t.shape) for t in inputs),
+        )
         kernel = self._target_kernels.get(key)
         if kernel is None:
             with self._target_lock:
@@ -179,7 +185,7 @@ class Op:
     def _target_inputs(self, call: BoundCall) -> tuple[torch.Tensor | None, ...]:
         """Inputs as a target sees them: read-only ones made contiguous, written ones checked."""
         inputs = []
-        for spec, tensor in zip(self.signature.inputs, call.tensors):
+        for spec, tensor in zip(self.signature.inputs, call.tensors, strict=False):
             if tensor is not None and not tensor.is_contiguous():
                 if spec.written and spec.contiguous:
                     raise OpInputError(

@@ -39,7 +39,7 @@ def remember_entry_point(module: str, source: Source) -> None:
     _entry_point_modules.setdefault(module.partition(".")[0], source)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _distributions() -> dict[str, list[str]]:
     return packages_distributions()
 

@@ -20,7 +20,13 @@ from .errors import (
 )
 from .kernel import Kernel
 
-UNAVAILABLE, REFUSED, OUTRANKED, TIED, CHOSEN = "unavailable", "refused", "outranked", "tied", "chosen"
+UNAVAILABLE, REFUSED, OUTRANKED, TIED, CHOSEN = (
+    "unavailable",
+    "refused",
+    "outranked",
+    "tied",
+    "chosen",
+)
 
 
 @dataclass(frozen=True)
@@ -75,8 +81,7 @@ class Judgement:
                 f"`preferred_over` on one of them.\n{self.text()}{tail}"
             )
         return NoImplementationError(
-            f"{self.op}.{self.interface}: no implementation serves this call.\n"
-            f"{self.text()}{tail}"
+            f"{self.op}.{self.interface}: no implementation serves this call.\n{self.text()}{tail}"
         )
 
 
@@ -107,7 +112,7 @@ def find_cycle(candidates: Iterable[Candidate]) -> list[str] | None:
             if other not in direct:
                 continue
             if state.get(other) == 1:
-                return [*path[path.index(other):], other] if other in path else [key, other]
+                return [*path[path.index(other) :], other] if other in path else [key, other]
             if other not in state:
                 found = visit(other, [*path, other])
                 if found:
@@ -197,7 +202,9 @@ def _rank(
             top.append(cand)
     if len(top) == 1:
         winner = top[0]
-        verdicts[winner.key] = Verdict(winner.key, CHOSEN, _why_chosen(winner, remaining), winner.source)
+        verdicts[winner.key] = Verdict(
+            winner.key, CHOSEN, _why_chosen(winner, remaining), winner.source
+        )
         return winner
     for cand in top:
         verdicts[cand.key] = Verdict(

@@ -124,7 +124,9 @@ def _candidates(op_cls: type[Op]) -> dict[str, tuple[Candidate, ...]]:
 
 def _validate(op_cls: type[Op], key: str, cls: Any, source: Source) -> list[str]:
     """The interfaces `cls` implements, after checking its declarations; raises otherwise."""
-    where = f"{op_cls.__name__}: kernel {key!r} ({getattr(cls, '__qualname__', cls)!r} from {source})"
+    where = (
+        f"{op_cls.__name__}: kernel {key!r} ({getattr(cls, '__qualname__', cls)!r} from {source})"
+    )
     if not (isinstance(cls, type) and issubclass(cls, Kernel)):
         raise KernelDeclarationError(f"{where} is not a subclass of tileops.Kernel")
     implemented = [n for n, iface in op_cls.interfaces.items() if issubclass(cls, iface)]
@@ -164,7 +166,9 @@ def _check_forward(where: str, cls: type, interface: type[KernelInterface]) -> N
     contract = inspect.signature(interface.forward)
     actual = inspect.signature(cls.forward)
     params = list(contract.parameters.values())[1:]  # drop self
-    positional = [object() for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    positional = [
+        object() for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
     by_keyword = {
         p.name: object() for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
     }

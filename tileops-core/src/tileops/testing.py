@@ -48,7 +48,9 @@ def simulate_device(
 
     The yielded object's `.reads` counts how often the dispatcher read them.
     """
-    facts = DeviceFacts(arch=arch, sm_count=sm_count, calibration=calibration, smem_budget=smem_budget)
+    facts = DeviceFacts(
+        arch=arch, sm_count=sm_count, calibration=calibration, smem_budget=smem_budget
+    )
     simulation = Simulation(torch.device(device), facts)
     previous = push_simulation(simulation)
     try:
@@ -81,8 +83,10 @@ class ConformanceReport:
         return self.checked > 0 and not self.mismatches
 
     def __str__(self) -> str:
-        lines = [f"{self.subject}: {self.checked} calls checked, {len(self.mismatches)} mismatches, "
-                 f"{len(self.not_served)} calls not served by it"]
+        lines = [
+            f"{self.subject}: {self.checked} calls checked, {len(self.mismatches)} mismatches, "
+            f"{len(self.not_served)} calls not served by it"
+        ]
         lines += [f"  mismatch: {m}" for m in self.mismatches]
         return "\n".join(lines)
 
@@ -103,16 +107,22 @@ def check_conformance(
     kernels on the CPU. Calls the kernel does not serve are counted, not compared."""
     if (kernel is None) == (target is None):
         raise ValueError("check_conformance: pass exactly one of kernel=(key, cls) or target=")
-    subject = f"{op_cls.__name__} via " + (f"kernel {kernel[0]!r}" if kernel else f"target {target!r}")
+    subject = f"{op_cls.__name__} via " + (
+        f"kernel {kernel[0]!r}" if kernel else f"target {target!r}"
+    )
     report = ConformanceReport(subject)
     calls = [(c, d) for c in op_cls.sample_cases() for d in dtypes or _dtypes(op_cls, c)]
     cpu = torch.device("cpu")
-    # Expected values first, before the kernel under test is registered and could serve them.
-    expected = [_run(op_cls(**c.params, target=BUILTIN), _cast(c.inputs, d, cpu)) for c, d in calls]
     with isolated_registry():
+        # Expected values come from the op's own kernels alone: withdraw what backends added
+        # (the kernel under test may be installed already), then register the kernel under test.
+        REGISTRY.withdraw_kernel_types(op_cls.__name__)
+        expected = [
+            _run(op_cls(**c.params, target=BUILTIN), _cast(c.inputs, d, cpu)) for c, d in calls
+        ]
         if kernel is not None:
             register_kernel_type(op_cls, *kernel)
-        for (case, dtype), want in zip(calls, expected):
+        for (case, dtype), want in zip(calls, expected, strict=False):
             op = op_cls(**case.params, target=target or BUILTIN)
             served = _spy_keys(op) if kernel else None
             got = _run(op, _cast(case.inputs, dtype, torch.device(device)))
@@ -133,16 +143,22 @@ def _run(op: Op, inputs: tuple) -> list[torch.Tensor]:
     """Every output of one call, then every input the op wrote."""
     result = op(*inputs)
     outputs = list(result) if isinstance(result, tuple) else [result]
-    written = [t for spec, t in zip(op.signature.inputs, inputs) if spec.written and t is not None]
+    specs = op.signature.inputs
+    written = [t for s, t in zip(specs, inputs, strict=False) if s.written and t is not None]
     return outputs + written
 
 
 def _compare(case: Case, dtype, got, want, report: ConformanceReport) -> None:
     tolerance = TOLERANCES.get(dtype, 1e-5)
-    for index, (actual, expected) in enumerate(zip(got, want)):
+    for index, (actual, expected) in enumerate(zip(got, want, strict=False)):
         try:
-            torch.testing.assert_close(actual.cpu().float(), expected.float(), rtol=tolerance,
-                                       atol=tolerance, equal_nan=True)
+            torch.testing.assert_close(
+                actual.cpu().float(),
+                expected.float(),
+                rtol=tolerance,
+                atol=tolerance,
+                equal_nan=True,
+            )
         except AssertionError as exc:
             detail = f"output {index}: " + " ".join(str(exc).split())
             report.mismatches.append(Mismatch(case.describe(), dtype, detail))
@@ -164,7 +180,8 @@ def _spy_keys(op: Op) -> list[str]:
 def _cast(inputs: tuple, dtype: torch.dtype, device: torch.device) -> tuple:
     """Fresh copies, so ops that write their inputs cannot disturb the next run."""
     return tuple(
-        None if t is None
+        None
+        if t is None
         else t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype, copy=True)
         for t in inputs
     )

@@ -14,4 +14,8 @@ TILEOPS_PROTOCOL = 1
 
 @hookimpl
 def tileops_backend_info() -> dict:
-    return {"name": "tileops-triton-backend", "version": _version("tileops-triton-backend"), "devices": ["cuda"]}
+    return {
+        "name": "tileops-triton-backend",
+        "version": _version("tileops-triton-backend"),
+        "devices": ["cuda"],
+    }

@@ -94,11 +94,17 @@ class BackendLoader:
             elif not self.manager.is_blocked(ep.name):
                 self._load(ep)
 
-    def _report_unknown_names(self, allow: set[str] | None, deny: set[str], found: set[str]) -> None:
-        for variable, names in (("TILEOPS_BACKENDS", allow or set()), ("TILEOPS_DISABLE_BACKENDS", deny)):
+    def _report_unknown_names(
+        self, allow: set[str] | None, deny: set[str], found: set[str]
+    ) -> None:
+        for variable, names in (
+            ("TILEOPS_BACKENDS", allow or set()),
+            ("TILEOPS_DISABLE_BACKENDS", deny),
+        ):
             for name in sorted(names - found):
                 self._fail(
-                    name, "not installed",
+                    name,
+                    "not installed",
                     f"{variable} names {name!r}, but no installed distribution provides an "
                     f"entry point of that name in group {GROUP!r} (installed: "
                     f"{', '.join(sorted(found)) or 'none'})",
@@ -109,7 +115,8 @@ class BackendLoader:
         taken = self.infos.get(ep.name)
         if taken is not None:
             self._fail(
-                ep.name, source.distribution,
+                ep.name,
+                source.distribution,
                 f"BackendError: entry point name {ep.name!r} is taken by {taken.distribution}, "
                 "which loaded first; one of the two distributions must rename its entry point",
             )

@@ -20,7 +20,6 @@ import torch
 from ..errors import BackendError, UnknownOpError
 from ..provenance import Source
 
-
 BUILTIN = "builtin"
 """Target name that forces an op's own implementations even where a target claims the device."""
 
@@ -111,6 +110,13 @@ class Registry:
                 )
             keys[registration.key] = registration
             self.generation += 1
+
+    def withdraw_kernel_types(self, op: str) -> None:
+        """Remove every kernel type backends registered for `op`; for use inside a transaction
+        (the conformance check computes expected values with the op's own kernels only)."""
+        with self.lock:
+            if self._tables.kernel_types.pop(op, None) is not None:
+                self.generation += 1
 
     def add_detector(self, detector: Detector) -> None:
         with self.lock:
