@@ -17,7 +17,7 @@ import time
 import timeit
 
 import torch
-from tileops import CallSpec, Kernel, KernelInterface, Op
+from tileops import CallSpec, Kernel, KernelInterface, Op, RMSNormFwdOp
 from tileops.testing import simulate_device
 
 DEVICE = torch.device("cuda:0")
@@ -136,7 +136,21 @@ def measure(quick: bool) -> list[tuple[str, float]]:
     for keys in KEY_COUNTS:
         per_call = timed_misses(ops[keys], miss_loops[keys], repeats, first_n=1_000)
         rows.append((f"miss, {keys} keys", per_call))
-    return rows
+    return rows + whole_op_call(number // 10, repeats)
+
+
+def whole_op_call(number: int, repeats: int) -> list[tuple[str, float]]:
+    """A real op end to end on CPU (signature checks, layout, dispatch) against its kernel."""
+    op, x, w = RMSNormFwdOp(64), torch.randn(2, 64), torch.randn(64)
+    kernel = op.kernel_for("rms_norm", op.call_for(x, w))
+    namespace = {"op": op, "x": x, "w": w, "kernel": kernel}
+    return [
+        (
+            "RMSNorm reference kernel, (2, 64) on cpu",
+            timed("kernel(x, w)", namespace, number, repeats),
+        ),
+        ("RMSNormFwdOp call, same input", timed("op(x, w)", namespace, number, repeats)),
+    ]
 
 
 def report(rows: list[tuple[str, float]], quick: bool) -> str:
@@ -155,6 +169,7 @@ def report(rows: list[tuple[str, float]], quick: bool) -> str:
     bare_hit = by_name["kernel_for hit, prebuilt call spec"] - direct
     full_hit = by_name["kernel_for hit + kernel call, spec built"] - direct
     spread = [by_name[f"hit, {keys} keys, prebuilt spec"] for keys in KEY_COUNTS]
+    op_overhead = rows[-1][1] - rows[-2][1]
     lines += [
         "",
         f"hit overhead above a direct call: {bare_hit:,.0f} ns (prebuilt spec), "
@@ -162,6 +177,7 @@ def report(rows: list[tuple[str, float]], quick: bool) -> str:
         f"hit with {'/'.join(map(str, KEY_COUNTS))} keys: "
         + " / ".join(f"{ns:,.0f}" for ns in spread)
         + " ns",
+        f"a whole op call costs {op_overhead:,.0f} ns above its kernel (checks, layout, dispatch)",
     ]
     return "\n".join(lines)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from tileops import RMSNormFwdOp, SoftmaxFwdOp
 from tileops.backend import (
     BUILTIN,

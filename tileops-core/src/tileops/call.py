@@ -28,6 +28,7 @@ class CallSpec:
         super().__init_subclass__(**kwargs)
         dataclass(frozen=True, kw_only=True)(cls)
         cls.__init__ = _fast_init(cls)
+        cls.__eq__ = _same_fields
 
     @property
     def facts(self) -> DeviceFacts:
@@ -48,6 +49,13 @@ class CallSpec:
     @property
     def smem_budget(self) -> int:
         return self.facts.smem_budget
+
+
+def _same_fields(self: CallSpec, other: object) -> bool:
+    """Dataclass equality, compared in C: a hit with a fresh call spec compares it once."""
+    if self.__class__ is not other.__class__:
+        return NotImplemented
+    return self.__dict__ == other.__dict__
 
 
 def _fast_init(cls: type) -> Callable[..., None]:

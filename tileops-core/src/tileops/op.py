@@ -25,7 +25,7 @@ from .errors import (
 )
 from .explain import Explanation
 from .kernel import Kernel, KernelInterface
-from .signature import BoundCall, Signature, TensorSpec
+from .signature import BoundCall, ShapePlan, Signature, TensorSpec
 from .table import KernelTable, table_for
 
 
@@ -94,9 +94,10 @@ class Op:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.signature is None:
             return self.forward(*args, **kwargs)
-        call = self.signature.bind(type(self).__name__, args, kwargs, self.params())
+        plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
+        call = self.signature.bind(type(self).__name__, args, kwargs, plan)
         self.check(call)
-        if self.signature.all_written_empty(call):
+        if call.written_empty:
             return self._result(self.signature.make_outputs(call))
         if self._settled is None:
             return self._first_call(call)
@@ -105,6 +106,10 @@ class Op:
     def params(self) -> dict[str, Any]:
         """The signature's params, read from the instance's attributes of the same names."""
         return {name: getattr(self, name) for name in self.signature.params}
+
+    def _make_shape_plan(self) -> ShapePlan:
+        self._shape_plan = self.signature.plan(self.params())
+        return self._shape_plan
 
     def check(self, call: BoundCall) -> None:
         """Checks a signature cannot express; override to add them. Raise `OpInputError`."""

@@ -14,7 +14,7 @@ dims). Dtypes may name another input: `"x"` means "same dtype as x".
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -69,11 +69,13 @@ class Output:
 
 @dataclass
 class BoundCall:
-    """One call after parsing and checking: inputs in signature order, and the device."""
+    """One call after parsing and checking: inputs in signature order, the call device, the
+    sizes the shape patterns bound, and whether every tensor the call writes is empty."""
 
     tensors: tuple[torch.Tensor | None, ...]
     device: torch.device
     sizes: dict[str, int]
+    written_empty: bool
 
 
 class Signature:
@@ -85,6 +87,7 @@ class Signature:
         self.outputs = outputs
         self.names = tuple(i.name for i in inputs)
         self._positions = {name: k for k, name in enumerate(self.names)}
+        self._must_stay_contiguous = tuple(i.written and i.contiguous for i in inputs)
         self._validate()
 
     def _validate(self) -> None:
@@ -105,14 +108,34 @@ class Signature:
                 raise ValueError(f"signature output {out.name!r} refers to unknown input {ref!r}")
 
     # -- parsing and checks ------------------------------------------------------------------
+    def plan(self, params: Mapping[str, Any]) -> ShapePlan:
+        """The shape patterns with one op instance's params filled in: built once per instance,
+        so each call only compares sizes."""
+        sizes = {k: v for k, v in params.items() if isinstance(v, int) and not isinstance(v, bool)}
+        patterns = tuple(_Pattern.expand(spec.shape, params) for spec in self.inputs)
+        return ShapePlan(sizes, patterns)
+
     def bind(
-        self, op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], params: Mapping[str, Any]
+        self, op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], plan: ShapePlan
     ) -> BoundCall:
         """Parse `op(*args, **kwargs)` and run every check; errors name the argument."""
         values = self._parse(op, args, kwargs)
+        try:
+            key = tuple(
+                None if v is None else (v.shape, v.dtype, v.device, v.is_contiguous() if w else 0)
+                for v, w in zip(values, self._must_stay_contiguous, strict=True)
+            )
+            known = plan.verdicts.get(key)
+        except AttributeError:  # not a tensor: the checks below say which argument
+            key, known = None, None
+        if known is not None:
+            return BoundCall(values, *known)
         device = self._check_tensors(op, values)
-        sizes = self._check_shapes(op, values, params)
-        return BoundCall(values, device, sizes)
+        sizes = self._check_shapes(op, values, plan)
+        verdict = (device, sizes, self._all_written_empty(values, sizes))
+        if key is not None:
+            plan.remember(key, verdict)
+        return BoundCall(values, *verdict)
 
     def _parse(self, op: str, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
         if len(args) > len(self.inputs):
@@ -190,19 +213,14 @@ class Signature:
             f"expected {names}"
         )
 
-    def _check_shapes(self, op: str, values: tuple, params: Mapping[str, Any]) -> dict[str, int]:
-        sizes = {k: v for k, v in params.items() if isinstance(v, int) and not isinstance(v, bool)}
-        for spec, value in zip(self.inputs, values, strict=True):
+    def _check_shapes(self, op: str, values: tuple, plan: ShapePlan) -> dict[str, int]:
+        sizes = dict(plan.sizes)
+        for spec, pattern, value in zip(self.inputs, plan.patterns, values, strict=True):
             if value is not None:
-                _match_shape(op, spec, tuple(value.shape), sizes, params)
+                pattern.match(op, spec.name, value.shape, sizes)
         return sizes
 
     # -- outputs -----------------------------------------------------------------------------
-    def written(self, call: BoundCall) -> list[torch.Tensor]:
-        return [
-            v for s, v in zip(self.inputs, call.tensors, strict=True) if s.written and v is not None
-        ]
-
     def _output_layout(self, call: BoundCall) -> list[tuple[str, list[int], torch.dtype]]:
         layout = []
         for out in self.outputs:
@@ -221,50 +239,74 @@ class Signature:
             for name, shape, dtype in self._output_layout(call)
         }
 
-    def all_written_empty(self, call: BoundCall) -> bool:
+    def _all_written_empty(self, values: tuple, sizes: dict[str, int]) -> bool:
         """True when every output and written input is empty: such a call runs no kernel."""
-        if any(t.numel() for t in self.written(call)):
+        written = (v for s, v in zip(self.inputs, values, strict=True) if s.written)
+        if any(v is not None and v.numel() for v in written):
             return False
-        return all(0 in shape for _, shape, _ in self._output_layout(call))
+        for out in self.outputs:
+            if out.like is not None:
+                if values[self._positions[out.like]].numel():
+                    return False
+            elif all(sizes[d] if isinstance(d, str) else d for d in out.shape):
+                return False
+        return True
 
 
-def _match_shape(
-    op: str, spec: Input, shape: tuple[int, ...], sizes: dict[str, int], params: Mapping[str, Any]
-) -> None:
-    pattern: list[Dim] = []
-    for dim in spec.shape:
-        if isinstance(dim, str) and dim.startswith("*"):
-            pattern.extend(params[dim[1:]])
-        else:
-            pattern.append(dim)
-    if BATCH in pattern:
-        at = pattern.index(BATCH)
-        head, tail = pattern[:at], pattern[at + 1 :]
-        fixed, dims = head + tail, shape[: len(head)] + shape[len(shape) - len(tail) :]
-        rank_ok = len(shape) >= len(fixed)
-    else:
-        fixed, dims, rank_ok = pattern, shape, len(shape) == len(pattern)
-    if not rank_ok:
-        need = f"at least {len(fixed)}" if BATCH in pattern else f"{len(fixed)}"
-        raise OpInputError(
-            f"{op}(): argument {spec.name!r} must have {need} dimensions "
-            f"({_describe(pattern)}), got shape {list(shape)}"
-        )
-    for dim, size in zip(fixed, dims, strict=True):
-        if isinstance(dim, int):
-            expected = dim
-        elif dim in sizes:
-            expected = sizes[dim]
-        else:
-            sizes[dim] = size
-            continue
-        if size != expected:
-            named = f" with {dim} = {expected}" if isinstance(dim, str) else ""
+@dataclass(frozen=True)
+class ShapePlan:
+    """One op instance's view of its signature: sizes bound by params, each input's pattern
+    with `*param` dims expanded, and the verdicts of the checks for the input layouts seen."""
+
+    sizes: dict[str, int]
+    patterns: tuple[_Pattern, ...]
+    verdicts: dict[tuple, tuple] = field(default_factory=dict)
+
+    def remember(self, key: tuple, verdict: tuple) -> None:
+        if len(self.verdicts) >= 256:  # bounded: an op called with ever-new shapes
+            self.verdicts.clear()
+        self.verdicts[key] = verdict
+
+
+@dataclass(frozen=True)
+class _Pattern:
+    """One input's dims: `head` before a `...`, `tail` after it (all of them when no `...`)."""
+
+    head: tuple[Dim, ...]
+    tail: tuple[Dim, ...]
+    batch: bool
+
+    @classmethod
+    def expand(cls, shape: tuple[Dim, ...], params: Mapping[str, Any]) -> _Pattern:
+        dims: list[Dim] = []
+        for dim in shape:
+            if isinstance(dim, str) and dim.startswith("*"):
+                dims.extend(params[dim[1:]])
+            else:
+                dims.append(dim)
+        if BATCH not in dims:
+            return cls((), tuple(dims), False)
+        at = dims.index(BATCH)
+        return cls(tuple(dims[:at]), tuple(dims[at + 1 :]), True)
+
+    def match(self, op: str, name: str, shape: tuple[int, ...], sizes: dict[str, int]) -> None:
+        head, tail = self.head, self.tail
+        fixed = len(head) + len(tail)
+        if len(shape) != fixed and not (self.batch and len(shape) > fixed):
+            need = f"at least {fixed}" if self.batch else f"{fixed}"
             raise OpInputError(
-                f"{op}(): argument {spec.name!r} has shape {list(shape)}, expected "
-                f"{_describe(pattern)}{named}"
+                f"{op}(): argument {name!r} must have {need} dimensions ({self}), "
+                f"got shape {list(shape)}"
             )
+        dims = shape[: len(head)] + shape[len(shape) - len(tail) :]
+        for dim, size in zip(head + tail, dims, strict=True):
+            expected = dim if isinstance(dim, int) else sizes.setdefault(dim, size)
+            if size != expected:
+                named = f" with {dim} = {expected}" if isinstance(dim, str) else ""
+                raise OpInputError(
+                    f"{op}(): argument {name!r} has shape {list(shape)}, expected {self}{named}"
+                )
 
-
-def _describe(pattern: list[Dim]) -> str:
-    return "[" + ", ".join(str(d) for d in pattern) + "]"
+    def __str__(self) -> str:
+        dims = [*self.head, BATCH, *self.tail] if self.batch else list(self.tail)
+        return "[" + ", ".join(str(d) for d in dims) + "]"
