@@ -17,6 +17,7 @@ import time
 import timeit
 
 import torch
+
 from tileops import CallSpec, Kernel, KernelInterface, Op, RMSNormFwdOp
 from tileops.testing import simulate_device
 

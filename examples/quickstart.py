@@ -7,9 +7,10 @@ dispatcher explains its choice for one call here, and for the same call on a sim
 
 from __future__ import annotations
 
-import tileops
 import torch
 import torch.nn.functional as F
+
+import tileops
 from tileops.testing import simulate_device
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tileops.testing import isolated_registry, simulate_device
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import torch
+
 from tileops import CallSpec, Kernel, KernelInterface, Op
 
 INTERFACE = "unary"

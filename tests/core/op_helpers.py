@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from tileops import Kernel, Op
 from tileops.backend import register_kernel_type
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from tileops import RMSNormFwdOp, SoftmaxFwdOp
 from tileops.backend import (
     BUILTIN,

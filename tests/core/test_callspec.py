@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 from dispatch_kit import INTERFACE, ShapeCall, call, kernel, make_op
+
 from tileops import CallSpec, CallSpecFieldError
 
 

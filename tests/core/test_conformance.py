@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from tileops import Kernel, RMSNormFwdOp, SoftmaxFwdOp
 from tileops.backend import register_detector, register_kernel_builder
 from tileops.ops.norm.rms_norm import RMSNormInterface

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from dispatch_kit import INTERFACE, call, kernel, make_op
+
 from tileops import DeviceFacts
 from tileops.testing import simulate_device
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from dispatch_kit import INTERFACE, Binary, Unary, call, kernel, make_op
+
 from tileops import NoImplementationError
 from tileops.backend import register_kernel_type
 

@@ -6,6 +6,7 @@ import re
 
 import pytest
 from dispatch_kit import INTERFACE, call, kernel, make_op
+
 from tileops import (
     AmbiguousDispatchError,
     BackendError,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dispatch_kit import INTERFACE, call, kernel, make_op
+
 from tileops import AmbiguousDispatchError, NoImplementationError
 
 

@@ -7,6 +7,7 @@ import contextlib
 from dispatch_kit import INTERFACE, call, kernel, make_op
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from tileops import KernelDeclarationError, TileOpsError
 from tileops.testing import simulate_device
 

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 from dispatch_kit import INTERFACE, call, kernel, make_op
+
 from tileops.backend import (
     default_target,
     register_detector,

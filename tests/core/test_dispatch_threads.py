@@ -7,9 +7,10 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from dispatch_kit import INTERFACE, call, kernel, make_op
+
 import tileops.device
 import tileops.table
-from dispatch_kit import INTERFACE, call, kernel, make_op
 from tileops.backend.plugins import LOADER
 from tileops.backend.registry import REGISTRY
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from dispatch_kit import INTERFACE, call, kernel, make_op
+
 from tileops import OpNotAvailableError
 from tileops.device import device_facts
 

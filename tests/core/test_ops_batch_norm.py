@@ -16,6 +16,7 @@ from op_helpers import (
     randn,
     strided,
 )
+
 from tileops import BatchNormFwdOp, OpConfigError, OpInputError
 from tileops.ops import BatchNormCall
 from tileops.testing import isolated_registry

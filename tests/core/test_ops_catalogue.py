@@ -5,10 +5,11 @@ from __future__ import annotations
 import inspect
 
 import pytest
-import tileops
-import tileops.ops
 import torch
 from op_helpers import randn
+
+import tileops
+import tileops.ops
 from tileops import BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
 from tileops.call import CallSpec
 from tileops.testing import simulate_device

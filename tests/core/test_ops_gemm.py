@@ -14,6 +14,7 @@ from op_helpers import (
     randn,
     strided,
 )
+
 from tileops import GemmOp, OpInputError
 from tileops.ops import GemmCall
 from tileops.testing import isolated_registry

@@ -17,6 +17,7 @@ from op_helpers import (
     randn,
     strided,
 )
+
 from tileops import LayerNormFwdOp, OpConfigError, OpInputError, RMSNormFwdOp
 from tileops.ops import LayerNormCall, RMSNormCall
 from tileops.testing import isolated_registry

@@ -16,6 +16,7 @@ from op_helpers import (
     randn,
     strided,
 )
+
 from tileops import OpConfigError, OpInputError, SoftmaxFwdOp
 from tileops.ops import SoftmaxCall
 from tileops.testing import isolated_registry

@@ -7,6 +7,7 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
+
 from tileops import BUILTIN, BatchNormFwdOp, GemmOp, RMSNormFwdOp, SoftmaxFwdOp
 from tileops.backend import (
     AmbiguousTargetError,

@@ -4,8 +4,9 @@ calls (tileops.testing.check_conformance), and acme takes nothing it did not ask
 from __future__ import annotations
 
 import pytest
-import tileops_acme
 import torch
+
+import tileops_acme
 from tileops.backend import TensorSpec
 from tileops.ops import RMSNormCall, RMSNormFwdOp, SoftmaxFwdOp
 from tileops.testing import check_conformance

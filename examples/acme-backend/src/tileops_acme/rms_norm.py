@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 
 import torch
+
 from tileops import Kernel
 from tileops.ops import RMSNormCall, RMSNormInterface
 

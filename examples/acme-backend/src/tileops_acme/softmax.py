@@ -10,6 +10,7 @@ arrives as the caller passed it (any shape, contiguous, on the call device), not
 from __future__ import annotations
 
 import torch
+
 from tileops.backend import TensorSpec
 
 

@@ -80,12 +80,21 @@ def shape_param(op: str, name: str, value: Any) -> tuple[int, ...]:
 
 def as_rows(x: torch.Tensor, n: int) -> torch.Tensor:
     """`x` as a contiguous (rows, n) tensor: the layout kernels of row-wise ops receive."""
+    if x.dim() == 2 and x.is_contiguous():  # already rows: skip torch's slower view path
+        return x
     return x.contiguous().view(-1, n)
 
 
 def as_vector(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
     """A per-element parameter (weight, bias) as a contiguous (n,) tensor, or None."""
-    return None if t is None else t.contiguous().view(n)
+    if t is None or (t.dim() == 1 and t.is_contiguous()):
+        return t
+    return t.contiguous().view(n)
+
+
+def like(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """`y` viewed in `x`'s shape (no-op when it already has it)."""
+    return y if y.shape == x.shape else y.view_as(x)
 
 
 def contiguous(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -12,7 +12,7 @@ from ..errors import OpInputError
 from ..kernel import KernelInterface
 from ..op import Op
 from ..signature import BATCH, BoundCall, Input, Output, Signature
-from ._common import ReferenceKernel, as_rows, int_param, sample_case
+from ._common import ReferenceKernel, as_rows, int_param, like, sample_case
 
 if TYPE_CHECKING:
     from ..cases import Case
@@ -73,7 +73,7 @@ class SoftmaxFwdOp(Op):
         moved = x if dim in (-1, rank - 1) else x.movedim(dim, -1)
         n = moved.shape[-1] if rank else 1
         kernel = self.kernel_for("softmax", SoftmaxCall(device=x.device, n=n, dtype=x.dtype))
-        y = kernel(as_rows(moved, n)).view(moved.shape)
+        y = like(kernel(as_rows(moved, n)), moved)
         return y if moved is x else y.movedim(-1, dim)
 
     @classmethod

@@ -13,7 +13,7 @@ import torch
 
 from ...call import CallSpec
 from ...signature import BATCH, Input, Output, Signature
-from .._common import as_rows, as_vector, shape_param
+from .._common import as_rows, as_vector, like, shape_param
 
 
 def norm_signature(*affine: str) -> Signature:
@@ -44,4 +44,4 @@ class RowNorm:
     def forward(self, x: torch.Tensor, *affine: torch.Tensor | None) -> torch.Tensor:
         n = self._n
         kernel = self.kernel_for(self.interface_name, self.call_for(x, *affine))
-        return kernel(as_rows(x, n), *[as_vector(t, n) for t in affine]).view(x.shape)
+        return like(kernel(as_rows(x, n), *[as_vector(t, n) for t in affine]), x)

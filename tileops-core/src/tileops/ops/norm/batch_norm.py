@@ -25,6 +25,7 @@ from .._common import (
     contiguous,
     eps_param,
     fraction_param,
+    like,
     positive_int_param,
     sample_case,
 )
@@ -265,7 +266,7 @@ class BatchNormFwdOp(Op):
         kernel = self.kernel_for(self._interface, call)
         x3 = x.contiguous().view(batch, channels, spatial)
         stats = contiguous(running_mean), contiguous(running_var)
-        return kernel(x3, contiguous(weight), contiguous(bias), *stats).view(x.shape)
+        return like(kernel(x3, contiguous(weight), contiguous(bias), *stats), x)
 
     @classmethod
     def sample_cases(cls) -> Iterable[Case]:
