@@ -5,7 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from tileops import RMSNormFwdOp
+from tileops.backend import register_kernel_type
 from tileops.cli import main
+from tileops.ops.norm.rms_norm import RMSNormReference
 
 
 def test_list_shows_ops_keys_sources_and_backends(capsys):
@@ -58,3 +61,11 @@ def test_console_script_is_installed():
     )
     assert result.returncode == 0, result.stderr
     assert "GemmOp.gemm" in result.stdout
+
+
+def test_list_reports_an_op_that_cannot_be_constructed_and_goes_on(capsys, tileops_registry):
+    register_kernel_type(RMSNormFwdOp, "reference", RMSNormReference)
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "RMSNormFwdOp: cannot be constructed:" in out and "reuse keys it has" in out
+    assert "SoftmaxFwdOp.softmax" in out

@@ -15,7 +15,7 @@ import torch
 
 from . import backend
 from .backend.registry import REGISTRY
-from .errors import TileOpsError
+from .errors import KernelDeclarationError, TileOpsError
 from .table import table_for
 from .testing import simulate_device
 
@@ -56,7 +56,12 @@ def _list(args: argparse.Namespace) -> str:
         op_cls = REGISTRY.known_ops[name]
         if not op_cls.interfaces:
             continue
-        for interface, cands in table_for(op_cls).candidates.items():
+        try:
+            candidates = table_for(op_cls).candidates
+        except KernelDeclarationError as exc:  # show the rest; this op cannot be constructed
+            lines.append(f"  {name}: cannot be constructed: {exc}")
+            continue
+        for interface, cands in candidates.items():
             lines.append(f"  {name}.{interface}")
             for c in cands:
                 devices = ",".join(sorted(c.cls.devices))
@@ -75,7 +80,7 @@ def _list(args: argparse.Namespace) -> str:
 
 def _explain(args: argparse.Namespace) -> str:
     backend.backends()  # load backends before reading tables
-    op_cls = REGISTRY.known_ops.get(REGISTRY.op_name(args.op))
+    op_cls = REGISTRY.known_ops[REGISTRY.op_name(args.op)]
     interface_cls = op_cls.interfaces.get(args.interface)
     if interface_cls is None:
         raise KeyError(

@@ -16,13 +16,7 @@ from .backend.plugins import LOADER, failure_note
 from .backend.registry import BUILTIN, REGISTRY
 from .call import CallSpec, check_fields
 from .cases import Case
-from .errors import (
-    AmbiguousTargetError,
-    BackendError,
-    OpInputError,
-    OpNotAvailableError,
-    UnknownTargetError,
-)
+from .errors import AmbiguousTargetError, BackendError, OpNotAvailableError, UnknownTargetError
 from .explain import Explanation
 from .kernel import Kernel, KernelInterface
 from .signature import BoundCall, ShapePlan, Signature, TensorSpec
@@ -188,19 +182,12 @@ class Op:
         return self._result(outputs)
 
     def _target_inputs(self, call: BoundCall) -> tuple[torch.Tensor | None, ...]:
-        """Inputs as a target sees them: read-only ones made contiguous, written ones checked."""
-        inputs = []
-        for spec, tensor in zip(self.signature.inputs, call.tensors, strict=False):
-            if tensor is not None and not tensor.is_contiguous():
-                if spec.written and spec.contiguous:
-                    raise OpInputError(
-                        f"{type(self).__name__}(): argument {spec.name!r} is written in place "
-                        "and must be contiguous"
-                    )
-                if not spec.written:
-                    tensor = tensor.contiguous()
-            inputs.append(tensor)
-        return tuple(inputs)
+        """Inputs as a target sees them: those the op does not write made contiguous (written
+        ones that must be contiguous were checked by the signature)."""
+        return tuple(
+            t if t is None or spec.written else t.contiguous()
+            for spec, t in zip(self.signature.inputs, call.tensors, strict=True)
+        )
 
 
 def _claims(detector: Any, device: torch.device) -> bool:

@@ -112,7 +112,7 @@ def find_cycle(candidates: Iterable[Candidate]) -> list[str] | None:
             if other not in direct:
                 continue
             if state.get(other) == 1:
-                return [*path[path.index(other) :], other] if other in path else [key, other]
+                return [*path[path.index(other) :], other]
             if other not in state:
                 found = visit(other, [*path, other])
                 if found:
