@@ -69,3 +69,9 @@ def test_list_reports_an_op_that_cannot_be_constructed_and_goes_on(capsys, tileo
     out = capsys.readouterr().out
     assert "RMSNormFwdOp: cannot be constructed:" in out and "reuse keys it has" in out
     assert "SoftmaxFwdOp.softmax" in out
+
+
+def test_explain_for_a_missing_gpu_asks_for_a_simulation(capsys, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert main(["explain", "SoftmaxFwdOp", "softmax", "n=8", "--device", "cuda:0"]) == 2
+    assert "has no cuda:0; pass --arch (and --sm-count) to simulate" in capsys.readouterr().err

@@ -92,6 +92,8 @@ def _explain(args: argparse.Namespace) -> str:
     device = torch.device(args.device)
     call = call_cls(device=device, **_parse_fields(call_cls, args.fields))
     table = table_for(op_cls)
+    if args.arch is None and device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"this machine has no {device}; pass --arch (and --sm-count) to simulate")
     if args.arch is None:
         return table.explain(args.interface, call).text
     with simulate_device(
