@@ -73,5 +73,6 @@ def test_list_reports_an_op_that_cannot_be_constructed_and_goes_on(capsys, tileo
 
 def test_explain_for_a_missing_gpu_asks_for_a_simulation(capsys, monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
-    assert main(["explain", "SoftmaxFwdOp", "softmax", "n=8", "--device", "cuda:0"]) == 2
+    args = ["explain", "SoftmaxFwdOp", "softmax", "n=8", "dtype=float32", "--device", "cuda:0"]
+    assert main(args) == 2
     assert "has no cuda:0; pass --arch (and --sm-count) to simulate" in capsys.readouterr().err
