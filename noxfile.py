@@ -21,7 +21,7 @@ def _install_project(session: nox.Session, *extra: str) -> None:
     session.install(*extra, *[f"-e{d}" for d in DISTRIBUTIONS])
 
 
-@nox.session(python="3.11")
+@nox.session
 def tests(session: nox.Session) -> None:
     """The whole test suite on CPU (Triton kernels interpreted, TileLang kernels compiled only)."""
     _install_project(session, *TEST_TOOLS)
@@ -31,7 +31,7 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", "examples/acme-backend/tests", "-q", "-p", "no:cacheprovider", env=env)
 
 
-@nox.session(python="3.11")
+@nox.session
 def demo(session: nox.Session) -> None:
     """The main job: run every op through the dispatcher and show how each call was served."""
     _install_project(session)
@@ -39,14 +39,14 @@ def demo(session: nox.Session) -> None:
     session.run("tileops", "list")
 
 
-@nox.session(python="3.11")
+@nox.session
 def bench(session: nox.Session) -> None:
     """Dispatch-overhead benchmark (CPU); GPU kernel benchmarks run on the GPU machine."""
     _install_project(session)
     session.run("python", "benchmarks/dispatch_overhead.py", *session.posargs)
 
 
-@nox.session(python="3.11")
+@nox.session
 def wheels(session: nox.Session) -> None:
     """Build the three distributions and the example backend as wheels into dist/."""
     session.install("build")
@@ -54,7 +54,7 @@ def wheels(session: nox.Session) -> None:
         session.run("python", "-m", "build", "--wheel", "--outdir", "dist", path)
 
 
-@nox.session(python="3.11")
+@nox.session
 def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", ".")
