@@ -72,8 +72,3 @@ def caller_source(depth: int = 2) -> Source:
 
 def _is_core(module: str) -> bool:
     return module == "tileops" or module.startswith("tileops.")
-
-
-def forget_distributions() -> None:
-    """Drop the cached module -> distribution map (after installing distributions)."""
-    _distributions.cache_clear()

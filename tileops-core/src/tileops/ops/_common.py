@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from ..call import CallSpec
+from ..cases import Case
 from ..errors import OpConfigError
 from ..kernel import Build, Kernel
-
-if TYPE_CHECKING:
-    from ..cases import Case
 
 # -- constructor params ----------------------------------------------------------------------
 
@@ -143,8 +141,6 @@ def affine_(
 
 def sample_case(params: Mapping[str, Any], *shapes: tuple[int, ...] | None, note: str = "") -> Case:
     """A `Case` of seeded float32 CPU inputs of `shapes` (None: an absent optional input)."""
-    from ..cases import Case  # the conformance kit's module; only needed when cases are asked
-
     generator = torch.Generator().manual_seed(0)
     inputs = tuple(None if s is None else torch.randn(s, generator=generator) for s in shapes)
     return Case(dict(params), inputs, note)
