@@ -7,11 +7,13 @@ import torch
 from tileops import Kernel, Op
 from tileops.backend import register_kernel_type
 
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 DTYPE_IDS = [str(d).removeprefix("torch.") for d in DTYPES]
 
-# Both sides compute in float32 and round once, so 16-bit results differ by about an ulp.
+# Both sides compute in float32 and round once, so 16-bit results differ by about an ulp;
+# float64 is tight enough that a float32 computation would fail it.
 TOLERANCES = {
+    torch.float64: {"rtol": 1e-12, "atol": 1e-12},
     torch.float32: {"rtol": 1e-5, "atol": 1e-5},
     torch.float16: {"rtol": 2e-3, "atol": 2e-3},
     torch.bfloat16: {"rtol": 1.6e-2, "atol": 1.6e-2},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tileops import RMSNormFwdOp, SoftmaxFwdOp
+from tileops import Kernel, RMSNormFwdOp, SoftmaxFwdOp
 from tileops.backend import (
     BUILTIN,
     BackendError,
@@ -14,7 +14,7 @@ from tileops.backend import (
     register_kernel_type,
 )
 from tileops.errors import KernelDeclarationError, UnknownOpError
-from tileops.ops import RMSNormCall, RMSNormInterface
+from tileops.ops import RMSNormCall, RMSNormInterface, SoftmaxInterface
 from tileops.ops.norm.rms_norm import RMSNormReference
 
 
@@ -46,16 +46,20 @@ def test_the_same_key_twice_is_a_backend_error_naming_both(tileops_registry):
     register_kernel_type(RMSNormFwdOp, "plugged", PluggedRMSNorm)
     with pytest.raises(
         BackendError,
-        match=r"'plugged' of RMSNormFwdOp is registered twice: "
+        match=r"'plugged' of tileops::RMSNormFwdOp is registered twice: "
         r"by module test_backend_api .* and by module",
     ):
         register_kernel_type(RMSNormFwdOp, "plugged", PluggedRMSNorm)
 
 
-def test_a_key_the_op_already_has_fails_at_construction(tileops_registry):
-    register_kernel_type(RMSNormFwdOp, "reference", PluggedRMSNorm)
-    with pytest.raises(KernelDeclarationError, match="reuse keys it has"):
-        RMSNormFwdOp(8)
+def test_a_key_the_op_already_has_fails_at_registration(tileops_registry):
+    with pytest.raises(
+        KernelDeclarationError,
+        match=r"tileops::RMSNormFwdOp: module test_backend_api registers kernel key 'reference' "
+        r"\(PluggedRMSNorm\), but backends cannot reuse keys it has",
+    ):
+        register_kernel_type(RMSNormFwdOp, "reference", PluggedRMSNorm)
+    assert RMSNormFwdOp(8).key_for("rms_norm", cpu_call()) == "reference"  # the op still works
 
 
 def test_an_unknown_op_name_suggests_the_closest():
@@ -82,13 +86,44 @@ def test_bad_registration_arguments(key, cls, problem):
         register_kernel_type(RMSNormFwdOp, key, cls)
 
 
-def test_a_class_that_is_not_a_kernel_of_the_op_fails_at_construction(tileops_registry):
+def test_a_class_that_is_not_a_kernel_fails_at_registration(tileops_registry):
     class NotRMSNorm(RMSNormInterface):
         pass
 
-    register_kernel_type(RMSNormFwdOp, "odd", NotRMSNorm)
     with pytest.raises(KernelDeclarationError, match="'odd'.*NotRMSNorm.*not a subclass"):
-        RMSNormFwdOp(8)
+        register_kernel_type(RMSNormFwdOp, "odd", NotRMSNorm)
+    assert RMSNormFwdOp(8).key_for("rms_norm", cpu_call()) == "reference"
+
+
+def test_a_kernel_of_another_ops_interface_fails_at_registration(tileops_registry):
+    class SoftmaxForNorms(Kernel, SoftmaxInterface):
+        devices = {"cpu"}
+
+        def forward(self, x):
+            return x
+
+    with pytest.raises(
+        KernelDeclarationError,
+        match=r"tileops::RMSNormFwdOp: kernel 'odd' .*SoftmaxForNorms.* implements none of the "
+        r"op's interfaces \(RMSNormInterface\)",
+    ):
+        register_kernel_type(RMSNormFwdOp, "odd", SoftmaxForNorms)
+    assert RMSNormFwdOp(8).key_for("rms_norm", cpu_call()) == "reference"
+
+
+def test_a_registration_that_would_close_a_preference_cycle_fails_at_registration(
+    tileops_registry,
+):
+    class Ahead(PluggedRMSNorm):
+        preferred_over = {"behind"}
+
+    class Behind(PluggedRMSNorm):
+        preferred_over = {"ahead"}
+
+    register_kernel_type(RMSNormFwdOp, "ahead", Ahead)
+    with pytest.raises(KernelDeclarationError, match="preferred_over forms a cycle"):
+        register_kernel_type(RMSNormFwdOp, "behind", Behind)
+    assert RMSNormFwdOp(8).key_for("rms_norm", cpu_call()) == "ahead"
 
 
 def test_target_names_are_checked(tileops_registry):
@@ -105,7 +140,7 @@ def test_target_names_are_checked(tileops_registry):
 
 def test_one_builder_per_op_and_target(tileops_registry):
     register_kernel_builder(op=SoftmaxFwdOp, target="fake", build_kernel=lambda x, dim: None)
-    with pytest.raises(BackendError, match="already has a builder for SoftmaxFwdOp"):
+    with pytest.raises(BackendError, match="already has a builder for tileops::SoftmaxFwdOp"):
         register_kernel_builder(op=SoftmaxFwdOp, target="fake", build_kernel=lambda x, dim: None)
     with pytest.raises(BackendError, match="build_kernel must be callable"):
         register_kernel_builder(op=RMSNormFwdOp, target="fake", build_kernel="nope")

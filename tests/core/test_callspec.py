@@ -69,3 +69,40 @@ def test_subclasses_of_call_specs_add_fields():
     spec = DtypeCall(device=torch.device("cpu"), n=2, dtype=torch.float16)
     assert [f.name for f in dataclasses.fields(spec)] == ["device", "n", "dtype"]
     assert spec != ShapeCall(device=torch.device("cpu"), n=2)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoratedCall(CallSpec):
+    """Written as the spec says: a frozen dataclass subclass of CallSpec."""
+
+    n: int
+    eps: float = 1e-5
+
+
+class BareCall(CallSpec):
+    n: int
+    eps: float = 1e-5
+
+
+@pytest.mark.parametrize("cls", [DecoratedCall, BareCall])
+def test_decorated_and_bare_call_specs_behave_alike(cls):
+    a, b = cls(device=torch.device("cpu"), n=3), cls(device=torch.device("cpu"), n=3)
+    assert a == b and hash(a) == hash(b) and {a: 1}[b] == 1
+    assert a != cls(device=torch.device("cpu"), n=3, eps=1e-6)
+    assert dataclasses.replace(a, n=4).n == 4
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.n = 5
+    with pytest.raises(TypeError):
+        cls(torch.device("cpu"), 3)  # keyword-only, like every call spec
+
+
+@pytest.mark.parametrize("cls", [DecoratedCall, BareCall])
+def test_decorated_and_bare_call_specs_keep_the_fast_init(cls):
+    """The decorator must not put back dataclass's slower frozen `__init__`."""
+    assert "__dict__" in cls.__init__.__code__.co_names
+
+
+def test_a_decorated_call_spec_keys_dispatch(sm80):
+    op = make_op({"k": kernel("k")})()
+    spec = DecoratedCall(device=torch.device("cuda:0"), n=3)
+    assert op.key_for(INTERFACE, spec) == "k" and op.kernel_for(INTERFACE, spec) is not None

@@ -20,7 +20,9 @@ def test_explain_lists_every_key_with_its_verdict_and_reason(sm80):
     )()
     report = op.explain(INTERFACE, call())
     lines = report.text.splitlines()
-    assert lines[0].startswith("TestOp.unary for ShapeCall(device=device(type='cuda', index=0)")
+    assert lines[0].startswith(
+        "dispatch_kit::TestOp.unary for ShapeCall(device=device(type='cuda', index=0)"
+    )
     expectations = {
         "beaten": "outranked: chosen preferred over it",
         "chosen": "chosen: available, serves this call, and ranks above beaten, fallback",
@@ -42,7 +44,8 @@ def test_explain_reports_the_error_dispatch_would_raise(sm80):
     assert isinstance(report.error, AmbiguousDispatchError)
     assert report.chosen is None and report.verdict("a") == report.verdict("b") == "tied"
     assert report.text.splitlines()[-1].startswith(
-        "=> AmbiguousDispatchError: TestOp.unary: dispatch is ambiguous between 'a', 'b'"
+        "=> AmbiguousDispatchError: dispatch_kit::TestOp.unary: dispatch is ambiguous "
+        "between 'a', 'b'"
     )
     refused = make_op({"a": kernel("a", refuse=lambda c: "no")})().explain(INTERFACE, call())
     assert isinstance(refused.error, NoImplementationError)

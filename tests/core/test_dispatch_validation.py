@@ -34,9 +34,8 @@ def test_a_class_that_is_not_a_kernel():
 @pytest.mark.parametrize("method", ["entry_for", "refusal"])
 @pytest.mark.parametrize("wrap", [lambda f: f, staticmethod])
 def test_entry_for_and_refusal_must_be_classmethods(method, wrap):
-    unbound = kernel("Unbound", **{method: wrap(lambda *args: None)})
     with pytest.raises(KernelDeclarationError, match=rf"Unbound.*: {method} must be a classmethod"):
-        construct(k=unbound)
+        kernel("Unbound", **{method: wrap(lambda *args: None)})
 
 
 @pytest.mark.parametrize(
@@ -117,6 +116,32 @@ def test_malformed_declarations(declarations, problem):
 
 def test_a_backend_cannot_reuse_an_in_tree_key(isolated):
     op_cls = make_op({"k": kernel("InTree")}, name="KeyClashOp")
-    register_kernel_type(op_cls, "k", kernel("FromBackend"))
     with pytest.raises(KernelDeclarationError, match=r"'k' \(FromBackend\).*already InTree"):
-        op_cls()
+        register_kernel_type(op_cls, "k", kernel("FromBackend"))
+    op_cls()  # the op is intact
+
+
+@pytest.mark.parametrize(
+    ("declarations", "problem"),
+    [
+        ({"supported_archs": 90}, r"supported_archs must be None or a set of integers .*got 90"),
+        ({"supported_archs": "sm_90"}, r"supported_archs must be None or a set .*got 'sm_90'"),
+        ({"devices": None}, r"devices must be a set of device type names .*got None"),
+        ({"preferred_over": 3}, r"preferred_over must be a set of kernel keys, got 3"),
+        ({"general": "yes"}, r"general must be True or False, got 'yes'"),
+    ],
+)
+def test_malformed_declarations_fail_where_the_class_is_defined(declarations, problem):
+    with pytest.raises(KernelDeclarationError, match=rf"kernel class 'Odd': {problem}"):
+        kernel("Odd", **declarations)
+
+
+@pytest.mark.parametrize("answer", [False, 0, "", "   ", 1.5])
+def test_a_refusal_must_be_none_or_a_sentence(answer, sm80):
+    op = construct(k=kernel("Vague", refuse=lambda call: answer))
+    with pytest.raises(
+        KernelDeclarationError,
+        match=rf"refusal\(\) of kernel 'k' \(Vague from .*\) returned {answer!r} for "
+        r"ShapeCall\(.*\); a refusal must return None \(serves the call\) or a non-empty sentence",
+    ):
+        op.kernel_for(INTERFACE, call())

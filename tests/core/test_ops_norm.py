@@ -73,11 +73,14 @@ def test_explicit_eps_and_keyword_arguments(name):
 
 @pytest.mark.parametrize("dtype", DTYPES[1:], ids=DTYPE_IDS[1:])
 def test_rms_norm_default_eps_is_torchs(dtype):
-    """F.rms_norm's eps=None is float32's epsilon even for 16-bit x: tiny rows show which."""
+    """F.rms_norm's eps=None is the epsilon of the dtype it computes in: float32's for 16-bit
+    x, float64's for float64 x. Tiny rows show which."""
     op = RMSNormFwdOp(8)
     x = torch.full((2, 8), 1e-3, dtype=dtype)
     assert_matches(op(x), F.rms_norm(x, (8,)))
     assert op.eps is None
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    assert op.call_for(x, None).eps == torch.finfo(compute).eps
 
 
 @pytest.mark.parametrize("name", NORMS)
@@ -143,7 +146,7 @@ def test_nan_and_inf_propagate_as_in_torch(name, dtype):
 
 
 def test_op_with_several_instances_and_dtypes_shares_the_reference():
-    ops = [LayerNormFwdOp(8) for _ in range(3)]
+    ops = [LayerNormFwdOp(8) for _ in DTYPES]
     for op, dtype in zip(ops, DTYPES, strict=True):
         x = randn(2, 8, dtype=dtype)
         assert_matches(op(x), F.layer_norm(x, (8,)))
@@ -153,7 +156,7 @@ def test_op_with_several_instances_and_dtypes_shares_the_reference():
 
 W = randn(8)
 BAD_CALLS = [
-    ("x float64", (randn(2, 8, dtype=torch.float64),), {}, r"'x' has dtype float64, expected"),
+    ("x complex", (randn(2, 8, dtype=torch.complex64),), {}, r"'x' has dtype complex64, expected"),
     ("x int", (torch.ones(2, 8, dtype=torch.int64),), {}, r"'x' has dtype int64"),
     ("x not a tensor", ([[1.0] * 8],), {}, r"'x' must be a torch.Tensor, got list"),
     ("x missing", (), {}, r"argument 'x' is required"),
@@ -239,3 +242,17 @@ def test_explain_rms_norm_chooses_the_reference():
         device=torch.device("meta"), n=8, eps=1e-6, dtype=torch.bfloat16, has_weight=False
     )
     assert_reference_chosen(RMSNormFwdOp(8), "rms_norm", call)
+
+
+@pytest.mark.parametrize("op_cls", [RMSNormFwdOp, LayerNormFwdOp])
+def test_shape_errors_cite_normalized_shape(op_cls):
+    name = op_cls.__name__
+    with pytest.raises(OpInputError) as error:
+        op_cls(8)(randn(3, 7))
+    assert str(error.value).endswith(
+        f"{name}(): argument 'x' has shape [3, 7], expected [..., 8] from normalized_shape=(8,)"
+    )
+    with pytest.raises(OpInputError, match=r"expected \[2, 4\] from normalized_shape=\(2, 4\)$"):
+        op_cls((2, 4))(randn(3, 2, 4), randn(4, 2))
+    with pytest.raises(OpInputError, match=r"dimensions \(\[\.\.\., 8\] from normalized_shape"):
+        op_cls(8)(torch.tensor(1.0))

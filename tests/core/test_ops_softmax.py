@@ -111,7 +111,7 @@ def test_any_shape_and_dim(shape, dim_seed, dtype):
         ),
         (-3, randn(3, 4), r"dim -3 is out of range"),
         (1, torch.tensor(1.0), r"dim 1 is out of range .* expected dim in \[-1, 0\]"),
-        (-1, randn(3, dtype=torch.float64), r"'x' has dtype float64, expected float32"),
+        (-1, randn(3, dtype=torch.complex64), r"'x' has dtype complex64, expected float32"),
         (-1, torch.arange(3), r"'x' has dtype int64"),
         (-1, 3.0, r"'x' must be a torch.Tensor, got float"),
         (-1, None, r"argument 'x' is required"),

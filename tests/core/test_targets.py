@@ -187,7 +187,9 @@ def test_a_failing_settling_call_is_undone():
 
 def test_a_target_without_a_builder_for_the_op_does_not_fall_back():
     softmax_target("fake", claims=lambda device: True)
-    with pytest.raises(OpNotAvailableError, match="registered no kernel builder for GemmOp"):
+    with pytest.raises(
+        OpNotAvailableError, match="registered no kernel builder for tileops::GemmOp"
+    ):
         GemmOp()(torch.randn(2, 3), torch.randn(3, 4))
 
 

@@ -29,6 +29,8 @@ DISTRIBUTIONS = {
     "halfbroken": HERE / "fixtures" / "halfbroken",
     "future": HERE / "fixtures" / "future-protocol",
     "sloppy": HERE / "fixtures" / "sloppy",
+    "interrupting": HERE / "fixtures" / "interrupting",
+    "threaded": HERE / "fixtures" / "threaded",
 }
 """Short name -> source tree of every distribution the tests install."""
 

@@ -60,14 +60,14 @@ def test_a_backend_failing_halfway_through_its_import_leaves_nothing_behind(
     result = halfbroken
     expected = (
         "halfbroken (tileops-fixture-halfbroken): RuntimeError: halfbroken: simulated failure "
-        "after two registrations"
+        "after four registrations"
     )
     assert result["failures"] == [expected]
     assert len(result["warned"]) == 1 and expected in result["warned"][0]
     # Its kernel type and its detector are gone; acme, loaded before it, is intact.
     assert "halfbroken" not in result["explained"]
     assert "acme [acme-backend, entry point 'acme']: chosen" in result["explained"]
-    assert result["targets"] == ["acme"]
+    assert "halfbroken" not in result["targets"] and "acme" in result["targets"]
     assert result["softmax_settled"] == "builtin"
     assert "halfbroken" not in result["loaded"] and "acme" in result["loaded"]
     assert "tileops_fixture_halfbroken" not in result["modules"]
@@ -103,8 +103,109 @@ def test_two_distributions_registering_one_key_are_both_named(sites: Sites) -> N
     [failure] = result["failures"]
     assert failure.startswith("sloppy (tileops-fixture-sloppy): BackendError: ")
     assert (
-        "kernel key 'acme' of RMSNormFwdOp is registered twice: by acme-backend, entry point "
-        "'acme' (AcmeRMSNorm) and by tileops-fixture-sloppy, entry point 'sloppy' (SloppyRMSNorm)"
+        "kernel key 'acme' of tileops::RMSNormFwdOp is registered twice: by acme-backend, "
+        "entry point 'acme' (AcmeRMSNorm) and by tileops-fixture-sloppy, entry point 'sloppy' "
+        "(SloppyRMSNorm)"
     ) in failure
     assert "acme [acme-backend, entry point 'acme']: chosen" in result["explained"]
     assert "sloppy" not in result["targets"]
+
+
+# The user imports the backend module before tileops loads it: its import fails halfway.
+DIRECT_IMPORT = """
+import warnings
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    try:
+        import tileops_fixture_halfbroken
+    except RuntimeError as exc:
+        raised = str(exc)
+    import torch
+    from tileops.backend import default_target, load_failures, registered_targets
+    from tileops.ops import SoftmaxFwdOp
+    x = torch.tensor([1.0, 2.0, 3.0])
+    op = SoftmaxFwdOp()
+    values = op(x).tolist()
+emit(
+    raised=raised,
+    failures=load_failures(),
+    warned=[str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)],
+    targets=registered_targets(),
+    default=default_target(),
+    settled=op.settled_target,
+    right=torch.allclose(torch.tensor(values), torch.softmax(x, -1)),
+)
+"""
+
+
+def test_a_backend_imported_directly_that_fails_halfway_leaves_nothing_behind(
+    sites: Sites,
+) -> None:
+    result = sites.python(DIRECT_IMPORT, dists=["halfbroken"])
+    assert result["raised"] == "halfbroken: simulated failure after four registrations"
+    assert result["failures"] == [
+        "halfbroken (tileops-fixture-halfbroken): BackendError: importing "
+        "tileops_fixture_halfbroken (directly, before tileops loaded it) failed"
+    ]
+    assert len(result["warned"]) == 1
+    # Its detector, builder and default target are gone: softmax runs the op's own kernels.
+    assert "halfbroken" not in result["targets"] and result["default"] is None
+    assert result["settled"] == "builtin" and result["right"]
+
+
+INTERRUPTED = """
+import torch
+from tileops.backend import backends, load_failures, registered_targets
+try:
+    warned = load_backends()
+    interrupted = False
+except KeyboardInterrupt:
+    interrupted = True
+emit(
+    interrupted=interrupted,
+    failures=load_failures(),  # asking again resumes loading after an interrupt
+    loaded=[b.entry_point for b in backends()],
+    targets=registered_targets(),
+)
+"""
+
+
+@pytest.mark.parametrize(
+    ("mode", "error"),
+    [
+        ("exit", "SystemExit: interrupting: simulated sys.exit() during import"),
+        ("interrupt", "KeyboardInterrupt: interrupting: simulated Ctrl-C during import"),
+    ],
+)
+def test_exit_or_interrupt_in_a_backend_import_does_not_stop_the_others(
+    sites: Sites, mode: str, error: str
+) -> None:
+    result = sites.python(
+        INTERRUPTED, dists=["interrupting", "acme"], env={"TILEOPS_FIXTURE_RAISE": mode}
+    )
+    assert result["interrupted"] == (mode == "interrupt")  # re-raised, once the registry is clean
+    assert result["failures"] == [f"aa_interrupting (tileops-fixture-interrupting): {error}"]
+    assert "acme" in result["loaded"]
+    assert "interrupting" not in result["targets"] and "acme" in result["targets"]
+
+
+THREADED = """
+warned = load_backends()
+import torch
+from tileops.backend import load_failures
+from tileops.ops import SoftmaxCall, SoftmaxFwdOp
+call = SoftmaxCall(device=torch.device("cpu"), n=4, dtype=torch.float32)
+emit(failures=load_failures(), key=SoftmaxFwdOp().key_for("softmax", call))
+"""
+
+
+def test_a_backend_registering_from_worker_threads_during_its_import_loads(sites: Sites) -> None:
+    result = sites.python(THREADED, dists=["threaded"])
+    assert result == {"failures": [], "key": "threaded"}
+
+
+def test_a_failed_backend_loses_what_its_worker_threads_registered(sites: Sites) -> None:
+    result = sites.python(THREADED, dists=["threaded"], env={"TILEOPS_FIXTURE_FAIL": "1"})
+    assert result["key"] == "reference"
+    [failure] = result["failures"]
+    assert "threaded: simulated failure after a worker thread registered" in failure

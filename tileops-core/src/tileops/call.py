@@ -14,12 +14,12 @@ from .errors import CallSpecFieldError
 
 @dataclass(frozen=True, kw_only=True)
 class CallSpec:
-    """Base of call specs. Subclasses just declare fields; they become frozen keyword dataclasses.
+    """Base of call specs. Subclasses declare fields; they become frozen keyword dataclasses.
 
     A call spec keys the dispatch cache, so every field must be a hashable value (no lists,
-    dicts or tensors). Do not decorate subclasses with `@dataclass`: that is done for you.
-    Device facts are properties read from `device` on demand: on the hit path nobody asks, so
-    no device is queried.
+    dicts or tensors). Decorating a subclass with `@dataclass(frozen=True)` as well is allowed
+    and changes nothing. Device facts are properties read from `device` on demand: on the hit
+    path nobody asks, so no device is queried.
     """
 
     device: torch.device
@@ -29,6 +29,9 @@ class CallSpec:
         dataclass(frozen=True, kw_only=True)(cls)
         cls.__init__ = _fast_init(cls)
         cls.__eq__ = _same_fields
+        # Frozenness comes from the base's methods below. Leaving the subclass's own generated
+        # ones in place would make a user's `@dataclass(frozen=True)` refuse to overwrite them.
+        del cls.__setattr__, cls.__delattr__
 
     @property
     def facts(self) -> DeviceFacts:
@@ -49,6 +52,13 @@ class CallSpec:
     @property
     def smem_budget(self) -> int:
         return self.facts.smem_budget
+
+
+def _frozen(self: CallSpec, name: str, *value: object) -> None:
+    raise dataclasses.FrozenInstanceError(f"cannot change field {name!r}: call specs are frozen")
+
+
+CallSpec.__setattr__ = CallSpec.__delattr__ = _frozen  # one for every subclass (see above)
 
 
 def _same_fields(self: CallSpec, other: object) -> bool:

@@ -2,11 +2,16 @@
 
 tileops list                         ops, interfaces, keys, backends, targets, failures
 tileops explain OP INTERFACE [FIELD=VALUE ...] [--device cuda:0 --arch 90 --sm-count 132]
+tileops --version                    tileops-core's version
+
+Exit status: 0 on success; 1 when `explain` finds that dispatch would fail (the verdicts are
+still printed); 2 on a usage error.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 import typing
 from collections.abc import Sequence
@@ -16,6 +21,7 @@ import torch
 from . import backend
 from .backend.registry import REGISTRY
 from .errors import KernelDeclarationError, TileOpsError
+from .explain import Explanation
 from .table import table_for
 from .testing import simulate_device
 
@@ -24,15 +30,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        print(args.run(args))
+        result = args.run(args)
     except (TileOpsError, KeyError, ValueError, TypeError) as exc:
         print(f"tileops: {exc}", file=sys.stderr)
         return 2
-    return 0
+    print(result)
+    return 1 if isinstance(result, Explanation) and result.error is not None else 0
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tileops", description=__doc__.splitlines()[0])
+    version = importlib.metadata.version("tileops-core")
+    parser.add_argument("--version", action="version", version=f"tileops-core {version}")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
     listing = sub.add_parser("list", help="ops, their kernels, backends, targets, load failures")
     listing.set_defaults(run=_list)
@@ -52,8 +61,7 @@ def _parser() -> argparse.ArgumentParser:
 def _list(args: argparse.Namespace) -> str:
     infos = backend.backends()
     lines = ["Ops:"]
-    for name in sorted(REGISTRY.known_ops):
-        op_cls = REGISTRY.known_ops[name]
+    for name, op_cls in sorted(REGISTRY.known_ops.items()):
         if not op_cls.interfaces:
             continue
         try:
@@ -78,24 +86,25 @@ def _list(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def _explain(args: argparse.Namespace) -> str:
+def _explain(args: argparse.Namespace) -> Explanation:
     backend.backends()  # load backends before reading tables
-    op_cls = REGISTRY.known_ops[REGISTRY.op_name(args.op)]
+    op_cls = REGISTRY.op_class(args.op)
     interface_cls = op_cls.interfaces.get(args.interface)
     if interface_cls is None:
         raise KeyError(
-            f"{args.op} has no interface {args.interface!r}; it has {', '.join(op_cls.interfaces)}"
+            f"{op_cls.op_name} has no interface {args.interface!r}; "
+            f"it has {', '.join(op_cls.interfaces)}"
         )
     call_cls = getattr(interface_cls, "call_spec", None)
     if call_cls is None:
         raise TypeError(f"{interface_cls.__name__} declares no call_spec class to build")
-    device = torch.device(args.device)
+    device = _device(args.device)
     call = call_cls(device=device, **_parse_fields(call_cls, args.fields))
     table = table_for(op_cls)
     if args.arch is None and device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"this machine has no {device}; pass --arch (and --sm-count) to simulate")
     if args.arch is None:
-        return table.explain(args.interface, call).text
+        return table.explain(args.interface, call)
     with simulate_device(
         device,
         arch=args.arch,
@@ -103,7 +112,16 @@ def _explain(args: argparse.Namespace) -> str:
         calibration=args.calibration,
         smem_budget=args.smem_budget,
     ):
-        return table.explain(args.interface, call).text
+        return table.explain(args.interface, call)
+
+
+def _device(text: str) -> torch.device:
+    try:
+        return torch.device(text)
+    except RuntimeError:  # torch's message is a paragraph; one line is enough here
+        raise ValueError(
+            f"--device {text!r} is not a torch device (e.g. cpu, cuda, cuda:0)"
+        ) from None
 
 
 def _parse_fields(call_cls: type, fields: Sequence[str]) -> dict[str, object]:
@@ -114,21 +132,33 @@ def _parse_fields(call_cls: type, fields: Sequence[str]) -> dict[str, object]:
         if not sep or name not in hints or name == "device":
             known = ", ".join(n for n in hints if n != "device")
             raise ValueError(f"expected FIELD=VALUE with FIELD one of {known}, got {item!r}")
-        values[name] = _convert(hints[name], text)
+        values[name] = _convert(name, hints[name], text)
     return values
 
 
-def _convert(hint: object, text: str) -> object:
+BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _convert(name: str, hint: object, text: str) -> object:
     if hint is torch.dtype:
         dtype = getattr(torch, text, None)
         if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"{text!r} is not a torch dtype (e.g. float16, bfloat16, float32)")
+            raise ValueError(
+                f"field {name!r}: {text!r} is not a torch dtype (e.g. float16, bfloat16, float32)"
+            )
         return dtype
     if hint is bool:
-        return text.lower() in ("1", "true", "yes")
+        if text.lower() not in BOOLS:
+            raise ValueError(f"field {name!r} expects a bool ({', '.join(BOOLS)}), got {text!r}")
+        return BOOLS[text.lower()]
     for kind in (int, float):
         if hint is kind or kind in typing.get_args(hint):
-            return kind(text)
+            try:
+                return kind(text)
+            except ValueError:
+                raise ValueError(
+                    f"field {name!r} expects {'an int' if kind is int else 'a float'}, got {text!r}"
+                ) from None
     return text
 
 

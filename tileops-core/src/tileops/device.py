@@ -43,15 +43,17 @@ class Simulation:
 _cache: dict[tuple[str, int | None], DeviceFacts] = {}
 _simulations: dict[tuple[str, int | None], Simulation] = {}
 _lock = threading.Lock()
-_simulation_listeners: list[Callable[[], None]] = []
+_simulation_listeners: list[Callable[[tuple[str, int | None]], None]] = []
 
 
-def on_simulation_change(listener: Callable[[], None]) -> None:
-    """Call `listener` whenever a simulation starts or ends: facts seen so far may be stale."""
+def on_simulation_change(listener: Callable[[tuple[str, int | None]], None]) -> None:
+    """Call `listener(slot)` whenever a simulation of the device in `slot` starts or ends:
+    facts seen so far for that device may be stale."""
     _simulation_listeners.append(listener)
 
 
-def _slot(device: torch.device) -> tuple[str, int | None]:
+def device_slot(device: torch.device) -> tuple[str, int | None]:
+    """The key facts are kept under: `cuda` without an index is the default device, cuda:0."""
     if device.type == "cuda" and device.index is None:
         return ("cuda", 0)
     return (device.type, device.index)
@@ -59,7 +61,7 @@ def _slot(device: torch.device) -> tuple[str, int | None]:
 
 def device_facts(device: torch.device) -> DeviceFacts:
     """The facts of `device`: simulated if a simulation covers it, else read once and cached."""
-    slot = _slot(device)
+    slot = device_slot(device)
     simulation = _simulations.get(slot)
     if simulation is not None:
         simulation.reads += 1
@@ -87,24 +89,24 @@ def _read(slot: tuple[str, int | None]) -> DeviceFacts:
 
 def push_simulation(simulation: Simulation) -> Simulation | None:
     """Install `simulation`; returns the one it shadows so the caller can restore it."""
-    slot = _slot(simulation.device)
+    slot = device_slot(simulation.device)
     with _lock:
         previous = _simulations.get(slot)
         _simulations[slot] = simulation
-    _notify()
+    _notify(slot)
     return previous
 
 
 def pop_simulation(simulation: Simulation, previous: Simulation | None) -> None:
-    slot = _slot(simulation.device)
+    slot = device_slot(simulation.device)
     with _lock:
         if previous is None:
             _simulations.pop(slot, None)
         else:
             _simulations[slot] = previous
-    _notify()
+    _notify(slot)
 
 
-def _notify() -> None:
+def _notify(slot: tuple[str, int | None]) -> None:
     for listener in _simulation_listeners:
-        listener()
+        listener(slot)

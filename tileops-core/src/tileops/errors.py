@@ -43,6 +43,10 @@ class UnknownOpError(BackendError, ValueError):
     """A registration names an op that does not exist."""
 
 
+class OpDefinitionError(TileOpsError, TypeError):
+    """An op class cannot be defined as written (its unique name is taken by another module)."""
+
+
 class CallSpecFieldError(TileOpsError, TypeError):
     """A call spec field holds a value that cannot key a cache."""
 
@@ -53,3 +57,11 @@ class OpInputError(TileOpsError, ValueError):
 
 class OpConfigError(TileOpsError, ValueError):
     """An op was constructed with a parameter it cannot accept."""
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """Attach `note` (where the failure came from) to `exc`, keeping its type and message."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)
+    else:  # Python 3.10: the attribute traceback printing reads from 3.11 on
+        exc.__notes__ = [*getattr(exc, "__notes__", []), note]

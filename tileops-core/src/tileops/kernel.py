@@ -1,20 +1,28 @@
-"""Kernel interfaces and the declarations every implementation carries.
+"""Kernel interfaces, the declarations every implementation carries, and their validation.
 
 An interface fixes one call contract (its `forward`). An implementation inherits `Kernel` and
 one or more interfaces, and declares where it runs (`devices`, `supported_archs`), which calls
 it serves (`refusal`) and whom it beats (`general`, `preferred_over`). The defaults make a lone
 implementation need nothing but the inheritance.
+
+Declarations are checked where they are declared: a malformed one fails when the class is
+defined, and what depends on the op (which interfaces, `forward`'s arguments) fails when the
+class is registered for an op or the op's kernel table is built, before anything lands.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from .errors import KernelDeclarationError
 
 if TYPE_CHECKING:
     from .call import CallSpec
 
 Build = Callable[[], Callable[..., Any]]
+_SET_DECLARATIONS = ("devices", "supported_archs", "preferred_over")
 
 
 class KernelInterface:
@@ -34,12 +42,13 @@ class Kernel:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        for name in ("devices", "supported_archs", "preferred_over"):
+        for name in _SET_DECLARATIONS:
             value = cls.__dict__.get(name)
             if isinstance(value, (set, list, tuple)):
                 setattr(cls, name, frozenset(value))
-            elif isinstance(value, str):
+            elif isinstance(value, str) and name != "supported_archs":
                 setattr(cls, name, frozenset({value}))
+        check_declarations(cls, f"kernel class {cls.__qualname__!r}")
         # Entries are called on the hot path: skip the `__call__` -> `forward` hop.
         if "forward" in cls.__dict__:
             cls.__call__ = cls.__dict__["forward"]
@@ -60,3 +69,78 @@ class Kernel:
         The default builds one instance of the class, shared by every call that picks it.
         """
         return (), cls
+
+
+def check_declarations(cls: type, where: str) -> None:
+    """Raise `KernelDeclarationError` (saying `where`) if a declaration of `cls` is malformed."""
+    devices = cls.devices
+    if not (isinstance(devices, frozenset) and all(isinstance(d, str) for d in devices)):
+        raise KernelDeclarationError(
+            f"{where}: devices must be a set of device type names such as {{'cuda'}}, "
+            f"got {devices!r}"
+        )
+    archs = cls.supported_archs
+    if archs is not None and not (
+        isinstance(archs, frozenset)
+        and all(isinstance(a, int) and not isinstance(a, bool) for a in archs)
+    ):
+        raise KernelDeclarationError(
+            f"{where}: supported_archs must be None or a set of integers such as {{80, 90}}, "
+            f"got {archs!r}"
+        )
+    preferred = cls.preferred_over
+    if not (isinstance(preferred, frozenset) and all(isinstance(k, str) for k in preferred)):
+        raise KernelDeclarationError(
+            f"{where}: preferred_over must be a set of kernel keys, got {preferred!r}"
+        )
+    if not isinstance(cls.general, bool):
+        raise KernelDeclarationError(f"{where}: general must be True or False, got {cls.general!r}")
+    if cls.general and preferred:
+        raise KernelDeclarationError(
+            f"{where} is general and declares preferred_over {sorted(preferred)}; a general "
+            "implementation ranks below every other, so it cannot be preferred over any"
+        )
+    for method in ("entry_for", "refusal"):
+        if not isinstance(inspect.getattr_static(cls, method), classmethod):
+            raise KernelDeclarationError(f"{where}: {method} must be a classmethod")
+
+
+def interfaces_implemented(
+    interfaces: dict[str, type[KernelInterface]], cls: Any, where: str
+) -> list[str]:
+    """The names of `interfaces` that `cls` implements, after checking it can serve them."""
+    if not (isinstance(cls, type) and issubclass(cls, Kernel)):
+        raise KernelDeclarationError(f"{where} is not a subclass of tileops.Kernel")
+    check_declarations(cls, where)  # again: a class may have been changed since its definition
+    implemented = [name for name, iface in interfaces.items() if issubclass(cls, iface)]
+    if not implemented:
+        raise KernelDeclarationError(
+            f"{where} implements none of the op's interfaces "
+            f"({', '.join(i.__name__ for i in interfaces.values())}); inherit one of them"
+        )
+    for name in implemented:
+        _check_forward(where, cls, interfaces[name])
+    return implemented
+
+
+def _check_forward(where: str, cls: type, interface: type[KernelInterface]) -> None:
+    contract = inspect.signature(interface.forward)
+    actual = inspect.signature(cls.forward)
+    params = list(contract.parameters.values())[1:]  # drop self
+    positional = [
+        object() for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    by_keyword = {
+        p.name: object() for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
+    keyword_only = {p.name: object() for p in params if p.kind == p.KEYWORD_ONLY}
+    for args, kwargs in ((positional, keyword_only), ([], by_keyword)):
+        if any(p.kind == p.POSITIONAL_ONLY for p in params) and not args:
+            continue
+        try:
+            actual.bind(None, *args, **kwargs)
+        except TypeError as exc:
+            raise KernelDeclarationError(
+                f"{where}: forward{actual} does not take the arguments of "
+                f"{interface.__name__}.forward{contract} ({exc})"
+            ) from None

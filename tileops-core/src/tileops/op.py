@@ -16,19 +16,32 @@ from .backend.plugins import LOADER, failure_note
 from .backend.registry import BUILTIN, REGISTRY
 from .call import CallSpec, check_fields
 from .cases import Case
-from .errors import AmbiguousTargetError, BackendError, OpNotAvailableError, UnknownTargetError
+from .errors import (
+    AmbiguousTargetError,
+    BackendError,
+    OpNotAvailableError,
+    UnknownTargetError,
+    add_note,
+)
 from .explain import Explanation
 from .kernel import Kernel, KernelInterface
 from .signature import BoundCall, ShapePlan, Signature, TensorSpec
-from .table import KernelTable, table_for
+from .table import HIT_LIMIT, KernelTable, remember, table_for
 
 
 class Op:
-    """Base of ops. Subclasses declare `interfaces`, `kernel_types`, `signature` and `forward`."""
+    """Base of ops. Subclasses declare `interfaces`, `kernel_types`, `signature` and `forward`.
+
+    Every op class has a unique name, `op_name` = `"<namespace>::<qualname>"`, under which
+    backends register for it and every message names it. The namespace is the class's own
+    `namespace` declaration (not inherited), else its module's name: a downstream library's
+    `RMSNormFwdOp` never shadows tileops' `tileops::RMSNormFwdOp`.
+    """
 
     interfaces: ClassVar[dict[str, type[KernelInterface]]] = {}
     kernel_types: ClassVar[dict[str, type[Kernel]]] = {}
     signature: Signature | None = None  # None: called straight through to forward
+    op_name: ClassVar[str]
 
     _entries: ClassVar[dict[tuple, Any]]
     _entries_lock: ClassVar[threading.Lock]
@@ -36,7 +49,8 @@ class Op:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        REGISTRY.known_ops[cls.__name__] = cls
+        cls.op_name = f"{cls.__dict__.get('namespace', cls.__module__)}::{cls.__qualname__}"
+        REGISTRY.add_op(cls)
         cls._entries, cls._entry_locks, cls._entries_lock = {}, {}, threading.Lock()
 
     def __init__(self, *, target: str | None = None) -> None:
@@ -72,6 +86,53 @@ class Op:
             raise
         return key if key is not None else self._table.select(interface, call).key
 
+    def call_kernel(
+        self,
+        interface: str,
+        call: CallSpec,
+        shape: torch.Size,
+        dtype: torch.dtype,
+        *args: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Run the kernel serving `call` on `args` and check what the interface's layout
+        contract promises of its output: a contiguous tensor of `shape` and `dtype` on the
+        call's device. A wrong output raises `BackendError` naming the key; a kernel's own
+        exception keeps its type and message and gains a note naming the key."""
+        try:
+            kernel = self._hits.get((interface, call))
+        except TypeError:
+            kernel = None  # kernel_for names the field that cannot key a cache
+        if kernel is None:
+            kernel = self.kernel_for(interface, call)
+        try:
+            out = kernel(*args)
+        except Exception as exc:
+            add_note(exc, f"raised by {self._table.serving(interface, call)}")
+            raise
+        if (
+            isinstance(out, torch.Tensor)
+            and out.shape == shape
+            and out.dtype == dtype
+            and out.device == call.device
+            and out.is_contiguous()
+        ):
+            return out
+        raise self._broken_output(interface, call, out, shape, dtype)
+
+    def _broken_output(
+        self, interface: str, call: CallSpec, out: Any, shape: torch.Size, dtype: torch.dtype
+    ) -> BackendError:
+        expected = _describe(True, dtype, shape, call.device)
+        if isinstance(out, torch.Tensor):
+            got = _describe(out.is_contiguous(), out.dtype, out.shape, out.device)
+        else:
+            got = f"{type(out).__name__} {out!r}"[:120]
+        return BackendError(
+            f"Output of {self._table.serving(interface, call)} is wrong: it returned {got}, but "
+            f"the interface's layout contract expects {expected}. Fix the kernel, or refuse such "
+            "calls in its refusal()."
+        )
+
     def explain(self, interface: str, call: CallSpec) -> Explanation:
         """Every key's verdict on `call`, and what dispatch would do; never raises for a verdict."""
         return self._table.explain(interface, call)
@@ -79,20 +140,22 @@ class Op:
     @classmethod
     def sample_cases(cls) -> Iterable[Case]:
         """Representative calls, for conformance checks of backends' kernels."""
-        raise NotImplementedError(f"{cls.__name__} declares no sample_cases()")
+        raise NotImplementedError(f"{cls.op_name} declares no sample_cases()")
 
     def forward(self, *inputs: torch.Tensor | None) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} does not define forward()")
+        raise NotImplementedError(f"{type(self).op_name} does not define forward()")
 
     # -- calling the op ----------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.signature is None:
             return self.forward(*args, **kwargs)
         plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
-        call = self.signature.bind(type(self).__name__, args, kwargs, plan)
+        call = self.signature.bind(type(self).op_name, args, kwargs, plan)
         self.check(call)
         if call.written_empty:
             return self._result(self.signature.make_outputs(call))
+        if self._settled is BUILTIN:
+            return self.forward(*call.tensors)
         if self._settled is None:
             return self._first_call(call)
         return self._run(self._settled, call)
@@ -133,6 +196,7 @@ class Op:
 
     # -- targets -----------------------------------------------------------------------------
     def _choose_target(self, device: torch.device) -> str:
+        LOADER.ensure_loaded()  # settles backends imported directly since (see plugins.py)
         name = self.target or REGISTRY.default_target
         if name == BUILTIN:
             return BUILTIN
@@ -140,7 +204,7 @@ class Op:
             known = REGISTRY.targets()
             if name not in known:
                 raise UnknownTargetError(
-                    f"{type(self).__name__}: unknown target {name!r}; known targets: "
+                    f"{type(self).op_name}: unknown target {name!r}; known targets: "
                     f"{', '.join(known) or 'none'} (and {BUILTIN!r} for the op's own kernels). "
                     f"{failure_note()}".rstrip()
                 )
@@ -148,15 +212,15 @@ class Op:
         claims = [d for t, d in sorted(REGISTRY.detectors.items()) if _claims(d, device)]
         if len(claims) > 1:
             raise AmbiguousTargetError(
-                f"{type(self).__name__}: several targets claim {device}: "
+                f"{type(self).op_name}: several targets claim {device}: "
                 + ", ".join(f"{d.target!r} ({d.source})" for d in claims)
                 + "; pass target= to the op or call tileops.backend.set_default_target()"
             )
         return claims[0].target if claims else BUILTIN
 
     def _run_target(self, target: str, call: BoundCall) -> Any:
-        op = type(self).__name__
-        builder = REGISTRY.builder(op, target)
+        op = type(self).op_name
+        builder = REGISTRY.builder(type(self), target)
         if builder is None:
             advice = f"Construct the op with target={BUILTIN!r} (or another target) instead."
             raise OpNotAvailableError(
@@ -171,15 +235,31 @@ class Op:
         )
         kernel = self._target_kernels.get(key)
         if kernel is None:
-            with self._target_lock:
-                kernel = self._target_kernels.get(key)
-                if kernel is None:
-                    specs = [None if t is None else TensorSpec.of(t) for t in inputs]
-                    kernel = builder.build_kernel(*specs, **self.params())
-                    self._target_kernels[key] = kernel
+            kernel = self._build_target_kernel(builder, key, inputs)
         outputs = self.signature.make_outputs(call)
-        kernel(*inputs, **outputs)
+        try:
+            kernel(*inputs, **outputs)
+        except Exception as exc:
+            note = f"raised by the kernel of target {target!r} [{builder.source}] for {op}"
+            add_note(exc, note)
+            raise
         return self._result(outputs)
+
+    def _build_target_kernel(
+        self, builder: Any, key: tuple, inputs: tuple[torch.Tensor | None, ...]
+    ) -> Callable[..., Any]:
+        with self._target_lock:
+            kernel = self._target_kernels.get(key)
+            if kernel is None:
+                specs = [None if t is None else TensorSpec.of(t) for t in inputs]
+                try:
+                    kernel = builder.build_kernel(*specs, **self.params())
+                except Exception as exc:
+                    note = f"raised by build_kernel of target {builder.target!r} [{builder.source}]"
+                    add_note(exc, f"{note} for {builder.op.op_name} on {specs}")
+                    raise
+                remember(self._target_kernels, key, kernel, HIT_LIMIT)
+            return kernel
 
     def _target_inputs(self, call: BoundCall) -> tuple[torch.Tensor | None, ...]:
         """Inputs as a target sees them: those the op does not write made contiguous (written
@@ -188,6 +268,13 @@ class Op:
             t if t is None or spec.written else t.contiguous()
             for spec, t in zip(self.signature.inputs, call.tensors, strict=True)
         )
+
+
+def _describe(contiguous: bool, dtype: torch.dtype, shape: Any, device: torch.device) -> str:
+    layout = "contiguous" if contiguous else "non-contiguous"
+    return (
+        f"a {layout} {str(dtype).replace('torch.', '')} tensor of shape {list(shape)} on {device}"
+    )
 
 
 def _claims(detector: Any, device: torch.device) -> bool:

@@ -15,6 +15,7 @@ from .call import CallSpec
 from .errors import (
     AmbiguousDispatchError,
     BackendError,
+    KernelDeclarationError,
     NoImplementationError,
     OpNotAvailableError,
 )
@@ -175,7 +176,13 @@ def _refusal(op: str, cand: Candidate, call: CallSpec) -> tuple[str, str] | None
         ) from exc
     if reason is None:
         return None
-    return REFUSED, str(reason) or "refused without a reason"
+    if not isinstance(reason, str) or not reason.strip():
+        raise KernelDeclarationError(
+            f"{op}: refusal() of kernel {cand.key!r} ({cand.cls.__qualname__} from "
+            f"{cand.source}) returned {reason!r} for {call!r}; a refusal must return None "
+            "(serves the call) or a non-empty sentence saying why it does not"
+        )
+    return REFUSED, reason
 
 
 def _rank(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -23,7 +23,7 @@ from .errors import OpInputError
 
 Dim = int | str
 BATCH = "..."
-FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 @dataclass(frozen=True)
@@ -67,10 +67,10 @@ class Output:
     dtype_of: str | None = None
 
 
-@dataclass
-class BoundCall:
+class BoundCall(NamedTuple):
     """One call after parsing and checking: inputs in signature order, the call device, the
-    sizes the shape patterns bound, and whether every tensor the call writes is empty."""
+    sizes the shape patterns bound, and whether every tensor the call writes is empty.
+    A named tuple: one is made on every op call."""
 
     tensors: tuple[torch.Tensor | None, ...]
     device: torch.device
@@ -121,9 +121,13 @@ class Signature:
         """Parse `op(*args, **kwargs)` and run every check; errors name the argument."""
         values = self._parse(op, args, kwargs)
         try:
-            key = tuple(
-                None if v is None else (v.shape, v.dtype, v.device, v.is_contiguous() if w else 0)
-                for v, w in zip(values, self._must_stay_contiguous, strict=True)
+            key = tuple(  # a list, not a generator: this is the hot path
+                [
+                    None
+                    if v is None
+                    else (v.shape, v.dtype, v.device, v.is_contiguous() if w else 0)
+                    for v, w in zip(values, self._must_stay_contiguous, strict=False)
+                ]
             )
             known = plan.verdicts.get(key)
         except AttributeError:  # not a tensor: the checks below say which argument
@@ -138,6 +142,8 @@ class Signature:
         return BoundCall(values, *verdict)
 
     def _parse(self, op: str, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
+        if not kwargs and len(args) == len(self.inputs):  # every input by position: common
+            return args
         if len(args) > len(self.inputs):
             raise OpInputError(
                 f"{op}() takes at most {len(self.inputs)} tensor arguments "
@@ -215,10 +221,23 @@ class Signature:
 
     def _check_shapes(self, op: str, values: tuple, plan: ShapePlan) -> dict[str, int]:
         sizes = dict(plan.sizes)
-        for spec, pattern, value in zip(self.inputs, plan.patterns, values, strict=True):
-            if value is not None:
-                pattern.match(op, spec.name, value.shape, sizes)
+        for k, (pattern, value) in enumerate(zip(plan.patterns, values, strict=True)):
+            if value is not None and not pattern.match(value.shape, sizes):
+                raise self._shape_error(op, k, values, plan)
         return sizes
+
+    def _shape_error(self, op: str, k: int, values: tuple, plan: ShapePlan) -> OpInputError:
+        """The error for input `k`, naming where each size it must have comes from: a param
+        or another argument's dim. Replays the earlier inputs (errors only: not per call)."""
+        sizes = dict(plan.sizes)
+        sources = {name: f"{name}={size}" for name, size in plan.sizes.items()}
+        for spec, pattern, value in zip(self.inputs[:k], plan.patterns, values, strict=False):
+            if value is not None:
+                pattern.bind(value.shape, sizes, sources, f"{spec.name}'s")
+        name, shape = self.inputs[k].name, list(values[k].shape)
+        return OpInputError(
+            f"{op}(): argument {name!r} " + plan.patterns[k].mismatch(shape, sizes, sources)
+        )
 
     # -- outputs -----------------------------------------------------------------------------
     def _output_layout(self, call: BoundCall) -> list[tuple[str, list[int], torch.dtype]]:
@@ -270,43 +289,94 @@ class ShapePlan:
 
 @dataclass(frozen=True)
 class _Pattern:
-    """One input's dims: `head` before a `...`, `tail` after it (all of them when no `...`)."""
+    """One input's dims: `head` before a `...`, `tail` after it (all of them when no `...`).
+
+    `origins` holds, for each dim of head + tail, the `param=value` a `*param` dim came from
+    (None for the others): shape errors cite it.
+    """
 
     head: tuple[Dim, ...]
     tail: tuple[Dim, ...]
     batch: bool
+    origins: tuple[str | None, ...] = ()
 
     @classmethod
     def expand(cls, shape: tuple[Dim, ...], params: Mapping[str, Any]) -> _Pattern:
         dims: list[Dim] = []
+        origins: list[str | None] = []
         for dim in shape:
             if isinstance(dim, str) and dim.startswith("*"):
-                dims.extend(params[dim[1:]])
+                value = params[dim[1:]]
+                dims.extend(value)
+                origins.extend([f"{dim[1:]}={tuple(value)!r}"] * len(value))
             else:
                 dims.append(dim)
+                origins += [] if dim == BATCH else [None]
         if BATCH not in dims:
-            return cls((), tuple(dims), False)
+            return cls((), tuple(dims), False, tuple(origins))
         at = dims.index(BATCH)
-        return cls(tuple(dims[:at]), tuple(dims[at + 1 :]), True)
+        return cls(tuple(dims[:at]), tuple(dims[at + 1 :]), True, tuple(origins))
 
-    def match(self, op: str, name: str, shape: tuple[int, ...], sizes: dict[str, int]) -> None:
+    def match(self, shape: tuple[int, ...], sizes: dict[str, int]) -> bool:
+        """Whether `shape` fits, binding the names not bound yet (hot on a verdict miss)."""
         head, tail = self.head, self.tail
         fixed = len(head) + len(tail)
         if len(shape) != fixed and not (self.batch and len(shape) > fixed):
-            need = f"at least {fixed}" if self.batch else f"{fixed}"
-            raise OpInputError(
-                f"{op}(): argument {name!r} must have {need} dimensions ({self}), "
-                f"got shape {list(shape)}"
-            )
+            return False
         dims = shape[: len(head)] + shape[len(shape) - len(tail) :]
         for dim, size in zip(head + tail, dims, strict=True):
             expected = dim if isinstance(dim, int) else sizes.setdefault(dim, size)
             if size != expected:
-                named = f" with {dim} = {expected}" if isinstance(dim, str) else ""
-                raise OpInputError(
-                    f"{op}(): argument {name!r} has shape {list(shape)}, expected {self}{named}"
-                )
+                return False
+        return True
+
+    def _positions(self, rank: int) -> list[tuple[Dim, int, str | None]]:
+        """Each dim of head + tail with its index in a shape of `rank` dims, and its origin."""
+        at = [*range(len(self.head)), *range(rank - len(self.tail), rank)]
+        return list(zip(self.head + self.tail, at, self.origins, strict=True))
+
+    def bind(
+        self, shape: tuple[int, ...], sizes: dict[str, int], sources: dict[str, str], owner: str
+    ) -> None:
+        """Bind the names a matching `shape` of argument `owner` binds first, with sources."""
+        for dim, at, _ in self._positions(len(shape)):
+            if isinstance(dim, str) and dim not in sizes:
+                sizes[dim], sources[dim] = shape[at], f"{owner} dim {at}"
+
+    def mismatch(self, shape: list[int], sizes: dict[str, int], sources: dict[str, str]) -> str:
+        """Why `shape` does not fit, given the sizes bound before (and where they come from)."""
+        fixed = len(self.head) + len(self.tail)
+        if len(shape) != fixed and not (self.batch and len(shape) > fixed):
+            need = f"at least {fixed}" if self.batch else f"{fixed}"
+            cited = "".join(f" from {o}" for o in dict.fromkeys(self.origins) if o)
+            return f"must have {need} dimensions ({self}{cited}), got shape {shape}"
+        expected = f"has shape {shape}, expected {self.render(sizes)}"
+        for dim, at, origin in self._positions(len(shape)):
+            if isinstance(dim, int):
+                if shape[at] != dim:
+                    return expected + (f" from {origin}" if origin else "")
+            elif dim not in sizes:
+                sizes[dim], sources[dim] = shape[at], f"its dim {at}"
+            elif shape[at] != sizes[dim]:
+                return expected + self._cite(dim, at, sizes[dim], sources[dim])
+        raise AssertionError(f"{shape} fits {self}")  # only called after match() failed
+
+    @staticmethod
+    def _cite(dim: str, at: int, size: int, source: str) -> str:
+        if "=" in source:  # bound by a param
+            return f" from {source}"
+        return f": its dim {at} must equal {source} ({dim} = {size})"
+
+    def render(self, sizes: Mapping[str, int]) -> str:
+        """The pattern with the names already bound replaced by their sizes."""
+        return self._text(
+            [sizes.get(d, d) if isinstance(d, str) else d for d in self.head],
+            [sizes.get(d, d) if isinstance(d, str) else d for d in self.tail],
+        )
+
+    def _text(self, head: list, tail: list) -> str:
+        dims = [*head, BATCH, *tail] if self.batch else tail
+        return "[" + ", ".join(str(d) for d in dims) + "]"
 
     def __str__(self) -> str:
-        dims = [*self.head, BATCH, *self.tail] if self.batch else list(self.tail)
-        return "[" + ", ".join(str(d) for d in dims) + "]"
+        return self._text(list(self.head), list(self.tail))

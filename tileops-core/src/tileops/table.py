@@ -3,11 +3,12 @@
 A table is built once per op class and registry generation, so every op instance constructed
 under the same registrations shares its hit cache: 32 identical layers select once. Entries are
 shared wider still, by every table of the op class, keyed by (interface, class, build identity).
+Both caches are bounded: an op called with ever-new shapes keeps a flat memory footprint.
 """
 
 from __future__ import annotations
 
-import inspect
+import itertools
 import threading
 import weakref
 from collections.abc import Callable
@@ -16,22 +17,28 @@ from typing import TYPE_CHECKING, Any
 from .backend.plugins import distributions_serving, failure_note
 from .backend.registry import REGISTRY
 from .call import CallSpec, check_fields
-from .device import on_simulation_change
-from .errors import BackendError, KernelDeclarationError
+from .candidates import candidates_of
+from .device import device_slot, on_simulation_change
+from .errors import BackendError, add_note
 from .explain import Explanation
-from .kernel import Kernel, KernelInterface
-from .provenance import Source, source_of_module
-from .selection import Candidate, Judgement, find_cycle, judge, outranking
+from .selection import Candidate, Judgement, judge, outranking
 
 if TYPE_CHECKING:
     from .op import Op
 
+HIT_LIMIT = 4096
+"""Calls remembered per op table. Past it the oldest quarter is forgotten: a forgotten call is
+selected again on its next use (a miss, microseconds), while a hit stays one dict lookup."""
+
+ENTRY_LIMIT = 1024
+"""Built entries kept per op class, by build identity; the oldest quarter goes past it."""
+
 
 class KernelTable:
     def __init__(self, op_cls: type[Op]) -> None:
-        self.op = op_cls.__name__
+        self.op = op_cls.op_name
         self.op_cls = op_cls
-        self.candidates = _candidates(op_cls)
+        self.candidates = candidates_of(op_cls, REGISTRY.kernel_types(op_cls))
         self.outranks = {name: outranking(cands) for name, cands in self.candidates.items()}
         self.hits: dict[tuple[str, CallSpec], Callable[..., Any]] = {}
         self.keys: dict[tuple[str, CallSpec], str] = {}
@@ -51,15 +58,21 @@ class KernelTable:
         judgement = self.judge(interface, call)
         if judgement.winner is None:
             raise judgement.error(self.notes(call))
-        self.keys[(interface, call)] = judgement.winner.key
+        remember(self.keys, (interface, call), judgement.winner.key, HIT_LIMIT)
         return judgement.winner
 
     def resolve(self, interface: str, call: CallSpec) -> Callable[..., Any]:
         """The miss path: select, then build or reuse the entry, then cache it for hits."""
         winner = self.select(interface, call)
         entry = _shared_entry(self.op_cls, interface, winner, call)
-        self.hits[(interface, call)] = entry
+        remember(self.hits, (interface, call), entry, HIT_LIMIT)
         return entry
+
+    def serving(self, interface: str, call: CallSpec) -> str:
+        """Which key (and distribution) serves `call`, for messages about its kernel's failures."""
+        winner = self.judge(interface, call).winner
+        key = f"kernel {winner.key!r} [{winner.source}]" if winner else "no kernel"
+        return f"{key} serving {self.op}.{interface} for {call!r}"
 
     def explain(self, interface: str, call: CallSpec) -> Explanation:
         judgement = self.judge(interface, call)
@@ -75,15 +88,34 @@ class KernelTable:
         )
         return [device_note, failure_note()]
 
+    def forget_device(self, slot: tuple[str, int | None]) -> None:
+        """Drop the selections made for calls on the device in `slot`, and only those."""
+        for cache in (self.hits, self.keys):
+            for key in [k for k in list(cache) if device_slot(k[1].device) == slot]:
+                cache.pop(key, None)
+
+
+def remember(cache: dict, key: Any, value: Any, limit: int) -> None:
+    """`cache[key] = value`, first forgetting the oldest quarter when `cache` is full."""
+    if len(cache) >= limit:
+        for old in list(itertools.islice(cache, limit // 4)):
+            cache.pop(old, None)
+    cache[key] = value
+
 
 def _shared_entry(op_cls: type[Op], interface: str, winner: Candidate, call: CallSpec) -> Any:
-    identity, build = winner.cls.entry_for(call)
+    where = f"building kernel {winner.key!r} [{winner.source}] for {op_cls.op_name}.{interface}"
+    try:
+        identity, build = winner.cls.entry_for(call)
+    except Exception as exc:
+        add_note(exc, f"raised by entry_for() while {where} for {call!r}")
+        raise
     try:
         slot = (interface, winner.cls, identity)
         entry = op_cls._entries.get(slot)
     except TypeError as exc:
         raise BackendError(
-            f"{op_cls.__name__}: kernel {winner.key!r} [{winner.source}] returned an unhashable "
+            f"{op_cls.op_name}: kernel {winner.key!r} [{winner.source}] returned an unhashable "
             f"build identity {identity!r} from entry_for(); use a tuple of hashable values"
         ) from exc
     if entry is not None:
@@ -93,113 +125,15 @@ def _shared_entry(op_cls: type[Op], interface: str, winner: Candidate, call: Cal
     with lock:
         entry = op_cls._entries.get(slot)
         if entry is None:
-            entry = build()
-            op_cls._entries[slot] = entry
+            try:
+                entry = build()
+            except Exception as exc:
+                add_note(exc, f"raised while {where} (build identity {identity!r})")
+                raise
+            remember(op_cls._entries, slot, entry, ENTRY_LIMIT)
+    with op_cls._entries_lock:
+        op_cls._entry_locks.pop(slot, None)
     return entry
-
-
-def _candidates(op_cls: type[Op]) -> dict[str, tuple[Candidate, ...]]:
-    """Every key of the op, validated, grouped by the interfaces its class implements."""
-    own_source = source_of_module(op_cls.__module__)
-    keyed: dict[str, tuple[type, Source]] = {
-        key: (cls, own_source) for key, cls in op_cls.kernel_types.items()
-    }
-    for key, reg in REGISTRY.kernel_types(op_cls.__name__).items():
-        if key in keyed:
-            raise KernelDeclarationError(
-                f"{op_cls.__name__}: {reg.source} registers kernel key {key!r} "
-                f"({reg.cls.__qualname__}), but backends cannot reuse keys it has "
-                f"(already {keyed[key][0].__qualname__} from {keyed[key][1]}); pick another key"
-            )
-        keyed[key] = (reg.cls, reg.source)
-    grouped: dict[str, list[Candidate]] = {name: [] for name in op_cls.interfaces}
-    for key in sorted(keyed):
-        cls, source = keyed[key]
-        for name in _validate(op_cls, key, cls, source):
-            grouped[name].append(Candidate(key, cls, str(source)))
-    for name, cands in grouped.items():
-        _validate_preferences(op_cls, name, cands)
-    return {name: tuple(cands) for name, cands in grouped.items()}
-
-
-def _validate(op_cls: type[Op], key: str, cls: Any, source: Source) -> list[str]:
-    """The interfaces `cls` implements, after checking its declarations; raises otherwise."""
-    where = (
-        f"{op_cls.__name__}: kernel {key!r} ({getattr(cls, '__qualname__', cls)!r} from {source})"
-    )
-    if not (isinstance(cls, type) and issubclass(cls, Kernel)):
-        raise KernelDeclarationError(f"{where} is not a subclass of tileops.Kernel")
-    implemented = [n for n, iface in op_cls.interfaces.items() if issubclass(cls, iface)]
-    if not implemented:
-        raise KernelDeclarationError(
-            f"{where} implements none of the op's interfaces "
-            f"({', '.join(i.__name__ for i in op_cls.interfaces.values())}); inherit one of them"
-        )
-    for method in ("entry_for", "refusal"):
-        if not isinstance(inspect.getattr_static(cls, method), classmethod):
-            raise KernelDeclarationError(f"{where}: {method} must be a classmethod")
-    _check_declarations(where, cls)
-    for name in implemented:
-        _check_forward(where, cls, op_cls.interfaces[name])
-    return implemented
-
-
-def _check_declarations(where: str, cls: type[Kernel]) -> None:
-    if not (isinstance(cls.devices, frozenset) and all(isinstance(d, str) for d in cls.devices)):
-        raise KernelDeclarationError(f"{where}: devices must be a set of device type names")
-    archs = cls.supported_archs
-    if archs is not None and not all(isinstance(a, int) and not isinstance(a, bool) for a in archs):
-        raise KernelDeclarationError(
-            f"{where}: supported_archs must be None or a set of integers such as 80, 90"
-        )
-    if not all(isinstance(k, str) for k in cls.preferred_over):
-        raise KernelDeclarationError(f"{where}: preferred_over must be a set of kernel keys")
-    if cls.general and cls.preferred_over:
-        raise KernelDeclarationError(
-            f"{where} is general and declares preferred_over "
-            f"{sorted(cls.preferred_over)}; a general implementation ranks below every other, "
-            "so it cannot be preferred over any"
-        )
-
-
-def _check_forward(where: str, cls: type, interface: type[KernelInterface]) -> None:
-    contract = inspect.signature(interface.forward)
-    actual = inspect.signature(cls.forward)
-    params = list(contract.parameters.values())[1:]  # drop self
-    positional = [
-        object() for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-    ]
-    by_keyword = {
-        p.name: object() for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    }
-    keyword_only = {p.name: object() for p in params if p.kind == p.KEYWORD_ONLY}
-    for args, kwargs in ((positional, keyword_only), ([], by_keyword)):
-        if any(p.kind == p.POSITIONAL_ONLY for p in params) and not args:
-            continue
-        try:
-            actual.bind(None, *args, **kwargs)
-        except TypeError as exc:
-            raise KernelDeclarationError(
-                f"{where}: forward{actual} does not take the arguments of "
-                f"{interface.__name__}.forward{contract} ({exc})"
-            ) from None
-
-
-def _validate_preferences(op_cls: type[Op], interface: str, cands: list[Candidate]) -> None:
-    named = {c.key: f"{c.key} ({c.cls.__qualname__} from {c.source})" for c in cands}
-    generals = [named[c.key] for c in cands if c.cls.general]
-    if len(generals) > 1:
-        raise KernelDeclarationError(
-            f"{op_cls.__name__}.{interface}: more than one general implementation "
-            f"({', '.join(generals)}); at most one may be the fallback"
-        )
-    cycle = find_cycle(cands)
-    if cycle:
-        raise KernelDeclarationError(
-            f"{op_cls.__name__}.{interface}: preferred_over forms a cycle: "
-            f"{' -> '.join(cycle)} ({', '.join(named[k] for k in sorted(set(cycle)))}); "
-            "remove one of these preferences"
-        )
 
 
 def table_for(op_cls: type[Op]) -> KernelTable:
@@ -218,11 +152,11 @@ _table_lock = threading.Lock()
 _live_tables: weakref.WeakSet[KernelTable] = weakref.WeakSet()
 
 
-def _forget_selections() -> None:
-    """Selections made under other device facts are stale once a simulation starts or ends."""
+def _forget_selections(slot: tuple[str, int | None]) -> None:
+    """Selections made under other facts of this device are stale once a simulation of it
+    starts or ends; those for other devices stand."""
     for table in list(_live_tables):
-        table.hits.clear()
-        table.keys.clear()
+        table.forget_device(slot)
 
 
 on_simulation_change(_forget_selections)

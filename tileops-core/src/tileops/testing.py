@@ -107,7 +107,7 @@ def check_conformance(
     kernels on the CPU. Calls the kernel does not serve are counted, not compared."""
     if (kernel is None) == (target is None):
         raise ValueError("check_conformance: pass exactly one of kernel=(key, cls) or target=")
-    subject = f"{op_cls.__name__} via " + (
+    subject = f"{op_cls.op_name} via " + (
         f"kernel {kernel[0]!r}" if kernel else f"target {target!r}"
     )
     report = ConformanceReport(subject)
@@ -116,7 +116,7 @@ def check_conformance(
     with isolated_registry():
         # Expected values come from the op's own kernels alone: withdraw what backends added
         # (the kernel under test may be installed already), then register the kernel under test.
-        REGISTRY.withdraw_kernel_types(op_cls.__name__)
+        REGISTRY.withdraw_kernel_types(op_cls)
         expected = [
             _run(op_cls(**c.params, target=BUILTIN), _cast(c.inputs, d, cpu)) for c, d in calls
         ]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
 
+from ..candidates import check_registration
 from ..errors import AmbiguousTargetError, BackendError, UnknownTargetError
 from ..provenance import caller_source
 from ..signature import TensorSpec
@@ -35,48 +37,83 @@ __all__ = [
 
 
 def register_kernel_type(op: type | str, key: str, cls: type) -> None:
-    """Add `cls` to `op` under `key`; op instances constructed afterwards can select it."""
-    LOADER.ensure_loaded()
-    name = REGISTRY.op_name(op)
+    """Add `cls` to `op` under `key`; op instances constructed afterwards can select it.
+
+    The registration is checked whole before it lands (a kernel class implementing one of the
+    op's interfaces, a key the op does not have, preferences without cycles), so a broken one
+    fails here, in the backend that made it, and never at a later op construction.
+    """
+    LOADER.ensure_loaded(wait=False)
+    op_cls = REGISTRY.op_class(op)
     if not isinstance(key, str) or not key:
         raise BackendError(f"register_kernel_type: key must be a non-empty str, got {key!r}")
     if not isinstance(cls, type):
         raise BackendError(f"register_kernel_type: cls must be a class, got {cls!r}")
-    REGISTRY.add_kernel_type(Registration(name, key, cls, caller_source()))
+    registration = Registration(op_cls, key, cls, caller_source())
+    with REGISTRY.lock:
+        registered = REGISTRY.kernel_types(op_cls)
+        if key in registered:
+            raise _key_taken(registration, registered[key])
+        check_registration(op_cls, registration, registered)
+        REGISTRY.add(("kernel", op_cls, key), registration, partial(_key_taken, registration))
+
+
+def _key_taken(new: Registration, existing: Registration) -> BackendError:
+    return BackendError(
+        f"kernel key {new.key!r} of {new.op.op_name} is registered twice: by {existing.source} "
+        f"({existing.cls.__qualname__}) and by {new.source} ({_qualname(new.cls)}); keys must be "
+        "unique per op, so one backend must rename its key"
+    )
 
 
 def register_detector(target: str, detect: Callable[[torch.device], bool]) -> None:
     """Declare target `target`; `detect(device)` says whether it claims a device."""
-    LOADER.ensure_loaded()
+    LOADER.ensure_loaded(wait=False)
     _check_target_name(target)
     if not callable(detect):
         raise BackendError(f"register_detector: detect must be callable, got {detect!r}")
-    REGISTRY.add_detector(Detector(target, detect, caller_source()))
+    detector = Detector(target, detect, caller_source())
+    REGISTRY.add(
+        ("detector", target),
+        detector,
+        lambda existing: BackendError(
+            f"target {target!r} already has a detector, registered by {existing.source}; "
+            f"{detector.source} cannot register a second one"
+        ),
+    )
 
 
 def register_kernel_builder(
     op: type | str, target: str, build_kernel: Callable[..., Callable[..., Any]]
 ) -> None:
     """Serve every call of `op` instances settled on `target` with kernels from `build_kernel`."""
-    LOADER.ensure_loaded()
-    name = REGISTRY.op_name(op)
+    LOADER.ensure_loaded(wait=False)
+    op_cls = REGISTRY.op_class(op)
     _check_target_name(target)
     if not callable(build_kernel):
         raise BackendError(
             f"register_kernel_builder: build_kernel must be callable, got {build_kernel!r}"
         )
-    REGISTRY.add_builder(Builder(name, target, build_kernel, caller_source()))
+    builder = Builder(op_cls, target, build_kernel, caller_source())
+    REGISTRY.add(
+        ("builder", op_cls, target),
+        builder,
+        lambda existing: BackendError(
+            f"target {target!r} already has a builder for {op_cls.op_name}, registered by "
+            f"{existing.source}; {builder.source} cannot register another"
+        ),
+    )
 
 
 def set_default_target(target: str | None) -> None:
     """Make `target` (or BUILTIN, or None to detect again) the process default for new settles."""
-    LOADER.ensure_loaded()
+    LOADER.ensure_loaded(wait=False)
     if target is not None and target != BUILTIN and target not in REGISTRY.targets():
         raise UnknownTargetError(
             f"set_default_target: unknown target {target!r}; known targets: "
             f"{', '.join(REGISTRY.targets()) or 'none'} (and {BUILTIN!r}). {failure_note()}"
         )
-    REGISTRY.set_default_target(target)
+    REGISTRY.set_default_target(target, caller_source())
 
 
 def default_target() -> str | None:
@@ -107,3 +144,7 @@ def _check_target_name(target: object) -> None:
         raise BackendError(f"target must be a non-empty str, got {target!r}")
     if target == BUILTIN:
         raise BackendError(f"{BUILTIN!r} is reserved for ops' own kernels; choose another name")
+
+
+def _qualname(cls: object) -> str:
+    return getattr(cls, "__qualname__", repr(cls))

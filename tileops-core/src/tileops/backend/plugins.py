@@ -10,6 +10,7 @@ TILEOPS_DISABLE_BACKENDS (deny list), both comma-separated entry-point names.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import warnings
 from dataclasses import dataclass
@@ -68,27 +69,40 @@ class BackendLoader:
         self.infos: dict[str, BackendInfo] = {}
         self._lock = threading.RLock()
         self._loaded = False
-        self._loading = False
+        self._loader_thread: int | None = None
+        self._attempted: set[str] = set()
+        self._direct: dict[str, tuple[EntryPoint, Source]] = {}  # imports still in progress
 
-    def ensure_loaded(self) -> None:
-        if self._loaded:
+    def ensure_loaded(self, *, wait: bool = True) -> None:
+        """Load every backend once. `wait=False` (registrations) never blocks on a load that
+        another thread is running: a backend may register from worker threads while its
+        import runs, and those registrations must not wait for that import to end."""
+        if self._loaded and not self._direct:
+            return
+        if not wait and self._loader_thread not in (None, threading.get_ident()):
             return
         with self._lock:
-            if self._loaded or self._loading:  # done, or re-entered from a backend's import
+            if self._loader_thread is not None:  # re-entered from a backend's import
                 return
-            self._loading = True
+            self._loader_thread = threading.get_ident()
             try:
-                self._load_all()
+                if not self._loaded:
+                    self._load_all()
+                    self._loaded = True
+                self._settle_direct_imports()
             finally:
-                self._loading = False
-                self._loaded = True
+                self._loader_thread = None
 
     def _load_all(self) -> None:
         found = sorted(entry_points(group=GROUP), key=lambda ep: (ep.name, _dist_name(ep)))
         allow = _names_from_env("TILEOPS_BACKENDS")
         deny = _names_from_env("TILEOPS_DISABLE_BACKENDS") or set()
-        self._report_unknown_names(allow, deny, {ep.name for ep in found})
+        if not self._attempted:
+            self._report_unknown_names(allow, deny, {ep.name for ep in found})
         for ep in found:
+            if (ep.name, ep.value) in self._attempted:
+                continue  # resuming after a KeyboardInterrupt: this one was dealt with
+            self._attempted.add((ep.name, ep.value))
             if ep.name in deny or (allow is not None and ep.name not in allow):
                 self.manager.set_blocked(ep.name)
             elif not self.manager.is_blocked(ep.name):
@@ -122,16 +136,43 @@ class BackendLoader:
             )
             return
         remember_entry_point(ep.module, source)
+        if _importing(ep.module):  # imported directly, and that import has not ended yet
+            self._direct[ep.name] = (ep, source)
+            return
         token = loading_source.set(source)
         try:
             with REGISTRY.transaction():
                 module = ep.load()
                 protocol = _check_protocol(module, source)
                 self._register(ep, module, protocol)
-        except Exception as exc:
-            self._fail(ep.name, source.distribution, f"{type(exc).__name__}: {exc}")
+        except BaseException as exc:  # SystemExit too: it must not stop the other backends
+            self._undo(ep, source, f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, KeyboardInterrupt):
+                raise  # the registry is consistent; loading resumes with the next backend
         finally:
             loading_source.reset(token)
+
+    def _settle_direct_imports(self) -> None:
+        """Finish the backends a user imported before tileops loaded them: once their import
+        has ended they are loaded as usual; if it failed, what they registered is undone."""
+        for name, (ep, source) in list(self._direct.items()):
+            module = sys.modules.get(ep.module)
+            if module is not None and _importing(ep.module):
+                continue
+            del self._direct[name]
+            try:
+                if module is None:
+                    raise BackendError(
+                        f"importing {ep.module} (directly, before tileops loaded it) failed"
+                    )
+                self._register(ep, module, _check_protocol(module, source))
+            except Exception as exc:
+                self._undo(ep, source, f"{type(exc).__name__}: {exc}")
+
+    def _undo(self, ep: EntryPoint, source: Source, error: str) -> None:
+        """Withdraw what a failed backend registered, from whichever thread, and record it."""
+        REGISTRY.withdraw_source(source)
+        self._fail(ep.name, source.distribution, error)
 
     def _register(self, ep: EntryPoint, module: Any, protocol: int | None) -> None:
         """Hand `module` to pluggy, which validates its hooks; take it back if anything fails."""
@@ -174,6 +215,12 @@ def _check_protocol(module: Any, source: Source) -> int | None:
         f"{source.distribution} was written for tileops backend protocol {declared}, but this "
         f"tileops-core speaks protocol {PROTOCOL_VERSION}; upgrade {upgrade}"
     )
+
+
+def _importing(module: str) -> bool:
+    """True while `module` is in the middle of being imported (by anyone)."""
+    spec = getattr(sys.modules.get(module), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
 
 
 def _names_from_env(variable: str) -> set[str] | None:

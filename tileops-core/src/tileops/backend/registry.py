@@ -1,14 +1,16 @@
 """The process-wide tables that backends write: kernel types, detectors, builders, default target.
 
-Every change bumps `generation`, so op classes know to rebuild their kernel tables. Changes can
-be grouped in a transaction that restores the previous tables if anything inside fails: that is
-how a backend that fails halfway through its import leaves no trace.
+Every entry lives in one slot table, keyed by what it registers, and knows its source. Every
+change bumps `generation`, so op classes know to rebuild their kernel tables. A transaction
+logs the changes made in its own context and can undo exactly those: a registration another
+thread makes meanwhile survives. Withdrawing a source removes everything one backend
+registered, from whichever thread: that is how a backend that fails halfway leaves no trace.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
+import contextvars
 import difflib
 import threading
 from collections.abc import Callable, Iterator
@@ -17,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ..errors import BackendError, UnknownOpError
+from ..errors import OpDefinitionError, UnknownOpError
 from ..provenance import Source
 
 BUILTIN = "builtin"
@@ -28,7 +30,7 @@ BUILTIN = "builtin"
 class Registration:
     """A kernel class added to an op under a key, and who added it."""
 
-    op: str
+    op: type
     key: str
     cls: type
     source: Source
@@ -43,127 +45,170 @@ class Detector:
 
 @dataclass(frozen=True)
 class Builder:
-    op: str
+    op: type
     target: str
     build_kernel: Callable[..., Callable[..., Any]]
     source: Source
 
 
+@dataclass(frozen=True)
+class DefaultTarget:
+    target: str | None
+    source: Source
+
+
 @dataclass
-class _Tables:
-    kernel_types: dict[str, dict[str, Registration]] = field(default_factory=dict)
-    detectors: dict[str, Detector] = field(default_factory=dict)
-    builders: dict[tuple[str, str], Builder] = field(default_factory=dict)
-    default_target: str | None = None
+class _Transaction:
+    log: list[tuple[tuple, Any, Any]] = field(default_factory=list)  # (slot, old, new)
+
+
+_active: contextvars.ContextVar[_Transaction | None] = contextvars.ContextVar(
+    "tileops_registry_transaction", default=None
+)
+_DEFAULT = ("default",)
 
 
 class Registry:
     """The single registry instance lives in `REGISTRY`; ops and the backend API share it."""
 
     def __init__(self) -> None:
-        self._tables = _Tables()
+        self._slots: dict[tuple, Any] = {}
         self.generation = 0
-        self.known_ops: dict[str, type] = {}
+        self.known_ops: dict[str, type] = {}  # unique op name -> op class
         self.lock = threading.RLock()
 
+    # -- ops -----------------------------------------------------------------------------------
+    def add_op(self, op_cls: type) -> None:
+        """Record a newly defined op class under its unique name. A class defined again in the
+        same module (a reload) replaces the old one; another module taking the name is refused."""
+        name = op_cls.op_name
+        with self.lock:
+            existing = self.known_ops.get(name)
+            if existing is not None and existing.__module__ != op_cls.__module__:
+                raise OpDefinitionError(
+                    f"op name {name!r} of {op_cls.__module__}.{op_cls.__qualname__} is already "
+                    f"taken by {existing.__module__}.{existing.__qualname__}; declare another "
+                    "`namespace` on one of the two classes"
+                )
+            self.known_ops[name] = op_cls
+
+    def op_class(self, op: type | str) -> type:
+        """The op class `op` names: a known op class, its unique name, or an unambiguous short
+        name (the class name alone)."""
+        if isinstance(op, type):
+            if self.known_ops.get(getattr(op, "op_name", None)) is op:
+                return op
+            raise UnknownOpError(f"{op!r} is not a known op class; ops subclass tileops.Op")
+        if not isinstance(op, str):
+            raise UnknownOpError(f"an op is named by its class or a str, got {op!r}")
+        if op in self.known_ops:
+            return self.known_ops[op]
+        matches = sorted(n for n in self.known_ops if n.rpartition("::")[2] == op)
+        if len(matches) == 1:
+            return self.known_ops[matches[0]]
+        if matches:
+            raise UnknownOpError(
+                f"op name {op!r} is ambiguous: it could be {', '.join(matches)}; "
+                "use the full name or pass the op class"
+            )
+        close = difflib.get_close_matches(op, self._short_names(), n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise UnknownOpError(
+            f"{op!r} is not a known op.{hint} Known ops: {', '.join(sorted(self.known_ops))}"
+        )
+
+    def _short_names(self) -> list[str]:
+        return sorted({n.rpartition("::")[2] for n in self.known_ops} | set(self.known_ops))
+
     # -- reads -------------------------------------------------------------------------------
-    def kernel_types(self, op: str) -> dict[str, Registration]:
-        return dict(self._tables.kernel_types.get(op, {}))
+    def kernel_types(self, op: type) -> dict[str, Registration]:
+        return {s[2]: r for s, r in list(self._slots.items()) if s[0] == "kernel" and s[1] is op}
 
     @property
     def detectors(self) -> dict[str, Detector]:
-        return dict(self._tables.detectors)
+        return {s[1]: d for s, d in list(self._slots.items()) if s[0] == "detector"}
 
-    def builder(self, op: str, target: str) -> Builder | None:
-        return self._tables.builders.get((op, target))
+    def builder(self, op: type, target: str) -> Builder | None:
+        return self._slots.get(("builder", op, target))
+
+    def builders(self) -> list[Builder]:
+        return [b for s, b in list(self._slots.items()) if s[0] == "builder"]
 
     @property
     def default_target(self) -> str | None:
-        return self._tables.default_target
+        default = self._slots.get(_DEFAULT)
+        return None if default is None else default.target
 
     def targets(self) -> list[str]:
-        named = set(self._tables.detectors) | {t for _, t in self._tables.builders}
+        named = set(self.detectors) | {b.target for b in self.builders()}
         return sorted(named)
 
-    def op_name(self, op: type | str) -> str:
-        """The registered name of `op`, or `UnknownOpError` naming the closest ones."""
-        name = op.__name__ if isinstance(op, type) else op
-        if not isinstance(name, str) or name not in self.known_ops:
-            close = difflib.get_close_matches(str(name), self.known_ops, n=3, cutoff=0.5)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise UnknownOpError(
-                f"{name!r} is not a known op.{hint} Known ops: {', '.join(sorted(self.known_ops))}"
-            )
-        return name
-
     # -- writes ------------------------------------------------------------------------------
-    def add_kernel_type(self, registration: Registration) -> None:
+    def add(self, slot: tuple, entry: Any, clash: Callable[[Any], Exception]) -> None:
+        """Put `entry` in the empty `slot`, or raise `clash(existing)`."""
         with self.lock:
-            keys = self._tables.kernel_types.setdefault(registration.op, {})
-            existing = keys.get(registration.key)
+            existing = self._slots.get(slot)
             if existing is not None:
-                raise BackendError(
-                    f"kernel key {registration.key!r} of {registration.op} is registered twice: "
-                    f"by {existing.source} ({existing.cls.__qualname__}) and by "
-                    f"{registration.source} ({registration.cls.__qualname__}); keys must be "
-                    "unique per op, so one backend must rename its key"
-                )
-            keys[registration.key] = registration
-            self.generation += 1
+                raise clash(existing)
+            self._set(slot, entry)
 
-    def withdraw_kernel_types(self, op: str) -> None:
+    def set_default_target(self, target: str | None, source: Source) -> None:
+        with self.lock:
+            self._set(_DEFAULT, DefaultTarget(target, source))
+
+    def withdraw_kernel_types(self, op: type) -> None:
         """Remove every kernel type backends registered for `op`; for use inside a transaction
         (the conformance check computes expected values with the op's own kernels only)."""
         with self.lock:
-            if self._tables.kernel_types.pop(op, None) is not None:
-                self.generation += 1
+            for key in self.kernel_types(op):
+                self._set(("kernel", op, key), None)
 
-    def add_detector(self, detector: Detector) -> None:
+    def withdraw_source(self, source: Source) -> int:
+        """Remove everything `source` registered (from any thread); returns how many."""
         with self.lock:
-            existing = self._tables.detectors.get(detector.target)
-            if existing is not None:
-                raise BackendError(
-                    f"target {detector.target!r} already has a detector, registered by "
-                    f"{existing.source}; {detector.source} cannot register a second one"
-                )
-            self._tables.detectors[detector.target] = detector
-            self.generation += 1
+            slots = [s for s, entry in self._slots.items() if entry.source == source]
+            for slot in slots:
+                self._set(slot, None)
+            return len(slots)
 
-    def add_builder(self, builder: Builder) -> None:
-        with self.lock:
-            existing = self._tables.builders.get((builder.op, builder.target))
-            if existing is not None:
-                raise BackendError(
-                    f"target {builder.target!r} already has a builder for {builder.op}, "
-                    f"registered by {existing.source}; {builder.source} cannot register another"
-                )
-            self._tables.builders[(builder.op, builder.target)] = builder
-            self.generation += 1
-
-    def set_default_target(self, target: str | None) -> None:
-        with self.lock:
-            self._tables.default_target = target
-            self.generation += 1
+    def _set(self, slot: tuple, entry: Any) -> None:
+        old = self._slots.get(slot)
+        if entry is None:
+            self._slots.pop(slot, None)
+        else:
+            self._slots[slot] = entry
+        self.generation += 1
+        transaction = _active.get()
+        if transaction is not None:
+            transaction.log.append((slot, old, entry))
 
     @contextlib.contextmanager
     def transaction(self, *, always_undo: bool = False) -> Iterator[None]:
-        """Undo every change made inside if the block raises (or always, when asked)."""
-        with self.lock:
-            saved = copy.copy(self._tables)
-            saved.kernel_types = {op: dict(keys) for op, keys in saved.kernel_types.items()}
-            saved.detectors = dict(saved.detectors)
-            saved.builders = dict(saved.builders)
+        """Undo the changes made in this context inside the block if it raises (or always, when
+        asked). Changes made by other threads meanwhile are left alone."""
+        outer = _active.get()
+        transaction = _Transaction()
+        token = _active.set(transaction)
         try:
             yield
         except BaseException:
-            self._restore(saved)
+            self._undo(transaction)
             raise
+        finally:
+            _active.reset(token)
         if always_undo:
-            self._restore(saved)
+            self._undo(transaction)
+        elif outer is not None:
+            outer.log.extend(transaction.log)
 
-    def _restore(self, saved: _Tables) -> None:
+    def _undo(self, transaction: _Transaction) -> None:
         with self.lock:
-            self._tables = saved
+            for slot, old, new in reversed(transaction.log):
+                if self._slots.get(slot) is new:  # nobody changed it since: put back the old
+                    if old is None:
+                        self._slots.pop(slot, None)
+                    else:
+                        self._slots[slot] = old
             self.generation += 1
 
 

@@ -105,9 +105,12 @@ def contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
 class ReferenceKernel(Kernel):
     """Base of the torch reference kernels: CPU and meta, the fallback every other key beats.
 
-    They compute in float32 (upcasting 16-bit inputs, casting the result back), so they are the
-    numerically careful baseline GPU kernels are checked against. `build_fields` names the
-    call-spec fields the kernel is constructed with: they are its build identity.
+    Each calls the torch function it matches, so it has torch's numerics and autograd: float32
+    and float64 compute in their own dtype; 16-bit inputs compute in float32 and round once,
+    because torch's CPU kernels do (tests/core/test_ops_numerics.py checks that against the
+    upcast computation; where torch's 16-bit path does not, the kernel upcasts itself). They
+    are the baseline GPU kernels are checked against. `build_fields` names the call-spec fields
+    the kernel is constructed with: they are its build identity.
     """
 
     devices = frozenset({"cpu", "meta"})
@@ -118,22 +121,6 @@ class ReferenceKernel(Kernel):
     def entry_for(cls, call: CallSpec) -> tuple[Hashable, Build]:
         identity = tuple(getattr(call, name) for name in cls.build_fields)
         return identity, lambda: cls(*identity)
-
-
-def upcast(t: torch.Tensor | None) -> torch.Tensor | None:
-    """`t` in float32 (no copy when it already is), or None."""
-    return None if t is None else t.float()
-
-
-def affine_(
-    y: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """`y * weight + bias` in place, so in y's float32 even when weight and bias are 16-bit."""
-    if weight is not None:
-        y.mul_(weight)
-    if bias is not None:
-        y.add_(bias)
-    return y
 
 
 # -- sample cases (conformance checks of backends' kernels) ----------------------------------

@@ -41,15 +41,16 @@ class GemmInterface(KernelInterface):
 
 
 class GemmReference(ReferenceKernel, GemmInterface):
-    """A float32 matmul, rounded to the inputs' dtype once at the end."""
+    """`torch.mm`: 16-bit operands are accumulated in float32, rounded once at the end."""
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.mm(a.float(), b.float()).to(a.dtype)
+        return torch.mm(a, b)
 
 
 class GemmOp(Op):
     """`a @ b` for a of shape (m, k) and b of shape (k, n), of one dtype."""
 
+    namespace = "tileops"
     interfaces = {"gemm": GemmInterface}
     kernel_types = {"reference": GemmReference}
     signature = Signature(
@@ -64,7 +65,7 @@ class GemmOp(Op):
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         (m, k), n = a.shape, b.shape[1]
         call = GemmCall(device=a.device, m=m, n=n, k=k, dtype=a.dtype)
-        return self.kernel_for("gemm", call)(a.contiguous(), b.contiguous())
+        return self.call_kernel("gemm", call, (m, n), a.dtype, a.contiguous(), b.contiguous())
 
     @classmethod
     def sample_cases(cls) -> Iterable[Case]:

@@ -13,7 +13,7 @@ import torch
 
 from ...call import CallSpec
 from ...signature import BATCH, Input, Output, Signature
-from .._common import as_rows, as_vector, like, shape_param
+from .._common import as_rows, as_vector, shape_param
 
 
 def norm_signature(*affine: str) -> Signature:
@@ -43,5 +43,9 @@ class RowNorm:
 
     def forward(self, x: torch.Tensor, *affine: torch.Tensor | None) -> torch.Tensor:
         n = self._n
-        kernel = self.kernel_for(self.interface_name, self.call_for(x, *affine))
-        return like(kernel(as_rows(x, n), *[as_vector(t, n) for t in affine]), x)
+        rows = as_rows(x, n)
+        call = self.call_for(x, *affine)
+        y = self.call_kernel(
+            self.interface_name, call, rows.shape, x.dtype, rows, *[as_vector(t, n) for t in affine]
+        )
+        return y if rows is x else y.view_as(x)  # y has rows' shape: call_kernel checked it

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 
 from ...call import CallSpec
 from ...errors import OpConfigError, OpInputError
@@ -20,7 +21,6 @@ from ...op import Op
 from ...signature import BATCH, BoundCall, Input, Output, Signature
 from .._common import (
     ReferenceKernel,
-    affine_,
     bool_param,
     contiguous,
     eps_param,
@@ -98,24 +98,18 @@ class BatchNormInferInterface(_BatchNormContract):
     """
 
 
-def _normalize(
-    xf: Tensor, mean: Tensor, var: Tensor, eps: float, weight: Tensor | None, bias: Tensor | None
-) -> Tensor:
-    """Per-channel normalize and affine of float32 (batch, channels, spatial) `xf`."""
-    y = (xf - mean[:, None]).mul_(torch.rsqrt(var.float() + eps)[:, None])
-    return affine_(y, _per_channel(weight), _per_channel(bias))
+HALF = frozenset({torch.float16, torch.bfloat16})
 
 
-def _per_channel(t: Tensor | None) -> Tensor | None:
-    return None if t is None else t[:, None]
-
-
-def _blend_(stat: Tensor, value: Tensor, momentum: float) -> None:
-    stat.copy_(stat.float() * (1.0 - momentum) + value * momentum)
+def _float(t: Tensor | None) -> Tensor | None:
+    return None if t is None else t.float()
 
 
 class BatchNormTrainReference(ReferenceKernel, BatchNormTrainInterface):
-    """Two-pass batch statistics in float32; running stats updated in float32, stored back."""
+    """`F.batch_norm` with the batch statistics; it updates the running stats itself, outside
+    autograd. Torch's all-16-bit path rounds its statistics, so 16-bit x takes torch's
+    mixed-type path instead (float32 params: it computes in float32), with the running stats
+    blended in float32 copies and stored back."""
 
     build_fields = ("eps", "momentum")
 
@@ -130,18 +124,23 @@ class BatchNormTrainReference(ReferenceKernel, BatchNormTrainInterface):
         running_mean: Tensor | None,
         running_var: Tensor | None,
     ) -> Tensor:
-        xf = x.float()
-        mean = xf.mean(dim=(0, 2))  # not var_mean's: an inf must give an inf mean, as in torch
-        var = xf.var(dim=(0, 2), correction=0)
+        if x.dtype not in HALF:
+            return self._norm(x, weight, bias, running_mean, running_var)
+        unit = torch.ones(x.shape[1], device=x.device) if weight is None else weight.float()
+        stats = _float(running_mean), _float(running_var)
+        y = self._norm(x, unit, _float(bias), *stats)
         if running_mean is not None and running_var is not None:
-            count = x.shape[0] * x.shape[2]
-            _blend_(running_mean, mean, self.momentum)
-            _blend_(running_var, var * (count / (count - 1)), self.momentum)
-        return _normalize(xf, mean, var, self.eps, weight, bias).to(x.dtype)
+            running_mean.copy_(stats[0])
+            running_var.copy_(stats[1])
+        return y
+
+    def _norm(self, x: Tensor, *params: Tensor | None) -> Tensor:
+        weight, bias, mean, var = params
+        return F.batch_norm(x, mean, var, weight, bias, True, self.momentum, self.eps)
 
 
 class BatchNormInferReference(ReferenceKernel, BatchNormInferInterface):
-    """Normalize with the running stats, in float32."""
+    """`F.batch_norm` with the running stats: 16-bit x is normalized in float32, rounded once."""
 
     build_fields = ("eps",)
 
@@ -156,8 +155,7 @@ class BatchNormInferReference(ReferenceKernel, BatchNormInferInterface):
         running_mean: Tensor | None,
         running_var: Tensor | None,
     ) -> Tensor:
-        mean, var = running_mean.float(), running_var  # always given: the op checks that
-        return _normalize(x.float(), mean, var, self.eps, weight, bias).to(x.dtype)
+        return F.batch_norm(x, running_mean, running_var, weight, bias, False, 0.0, self.eps)
 
 
 def _signature(training: bool) -> Signature:
@@ -182,6 +180,7 @@ class BatchNormFwdOp(Op):
     x is (batch, num_features, *spatial) with any number of spatial dims (none included).
     """
 
+    namespace = "tileops"
     interfaces = {
         "batch_norm_fwd_train": BatchNormTrainInterface,
         "batch_norm_fwd_infer": BatchNormInferInterface,
@@ -263,10 +262,10 @@ class BatchNormFwdOp(Op):
             has_bias=bias is not None,
             has_running_stats=running_mean is not None,
         )
-        kernel = self.kernel_for(self._interface, call)
         x3 = x.contiguous().view(batch, channels, spatial)
         stats = contiguous(running_mean), contiguous(running_var)
-        return like(kernel(x3, contiguous(weight), contiguous(bias), *stats), x)
+        args = x3, contiguous(weight), contiguous(bias), *stats
+        return like(self.call_kernel(self._interface, call, x3.shape, x.dtype, *args), x)
 
     @classmethod
     def sample_cases(cls) -> Iterable[Case]:

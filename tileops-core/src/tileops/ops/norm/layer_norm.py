@@ -6,11 +6,12 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 
 from ...call import CallSpec
 from ...kernel import KernelInterface
 from ...op import Op
-from .._common import ReferenceKernel, affine_, eps_param, sample_case
+from .._common import ReferenceKernel, eps_param, sample_case
 from ._rows import RowNorm, norm_signature
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ class LayerNormInterface(KernelInterface):
 
 
 class LayerNormReference(ReferenceKernel, LayerNormInterface):
-    """Two-pass mean/variance in float32, then the affine map in float32."""
+    """`F.layer_norm` over each row: 16-bit rows are normalized in float32, rounded once."""
 
     build_fields = ("eps",)
 
@@ -55,15 +56,13 @@ class LayerNormReference(ReferenceKernel, LayerNormInterface):
     def forward(
         self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        xf = x.float()
-        var, mean = torch.var_mean(xf, dim=-1, keepdim=True, correction=0)
-        y = (xf - mean).mul_(torch.rsqrt(var + self.eps))
-        return affine_(y, weight, bias).to(x.dtype)
+        return F.layer_norm(x, x.shape[-1:], weight, bias, self.eps)
 
 
 class LayerNormFwdOp(RowNorm, Op):
     """`F.layer_norm(x, normalized_shape, weight, bias, eps)` over any leading batch shape."""
 
+    namespace = "tileops"
     interfaces = {"layer_norm": LayerNormInterface}
     kernel_types = {"reference": LayerNormReference}
     signature = norm_signature("weight", "bias")

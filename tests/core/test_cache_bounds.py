@@ -1,0 +1,57 @@
+"""An op called with ever-new shapes keeps a flat memory footprint; a hit stays one lookup."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+
+import torch
+
+from tileops import GemmOp, SoftmaxFwdOp
+from tileops.backend import register_detector, register_kernel_builder
+from tileops.table import ENTRY_LIMIT, HIT_LIMIT
+
+
+def test_memory_stays_flat_over_100000_distinct_gemm_shapes():
+    op = GemmOp()
+    b = torch.ones(1, 1)
+    tracemalloc.start()
+    try:
+        for m in range(1, 50_001):
+            op(torch.empty(m, 1), b)
+        gc.collect()
+        halfway, _ = tracemalloc.get_traced_memory()
+        for m in range(50_001, 100_001):
+            op(torch.empty(m, 1), b)
+        gc.collect()
+        end, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert end - halfway < 512 * 1024, f"grew {(end - halfway) / 2**20:.1f} MiB"
+    assert len(op._table.hits) <= HIT_LIMIT and len(op._table.keys) <= HIT_LIMIT
+    assert len(GemmOp._entries) <= ENTRY_LIMIT
+
+
+def test_a_recent_call_is_still_a_hit_after_eviction():
+    op = GemmOp()
+    b = torch.ones(1, 1)
+    for m in range(1, HIT_LIMIT + 10):
+        op(torch.empty(m, 1), b)
+    hits = op._table.hits
+    latest = [key for key in hits][-1]
+    assert latest[1].m == HIT_LIMIT + 9 and hits.get(latest) is not None
+
+
+def test_the_target_kernel_cache_is_bounded(tileops_registry):
+    builds = []
+
+    def build(x, *, dim):
+        builds.append(x.shape)
+        return lambda x, *, out: out.copy_(torch.softmax(x, dim))
+
+    register_detector(target="bounded", detect=lambda device: False)
+    register_kernel_builder(op=SoftmaxFwdOp, target="bounded", build_kernel=build)
+    op = SoftmaxFwdOp(target="bounded")
+    for n in range(1, HIT_LIMIT + 100):
+        op(torch.empty(1, n))
+    assert len(op._target_kernels) <= HIT_LIMIT and len(builds) == HIT_LIMIT + 99

@@ -1,0 +1,100 @@
+"""Autograd through every op on the CPU: gradients w.r.t. every float input match torch's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from op_helpers import randn
+
+from tileops import BatchNormFwdOp, GemmOp, LayerNormFwdOp, Op, RMSNormFwdOp, SoftmaxFwdOp
+
+C = 3
+
+
+def _stats(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    return randn(C, dtype=dtype, seed=7), randn(C, dtype=dtype, seed=8).abs() + 0.5
+
+
+def _batch_norm(training: bool) -> Callable[[torch.dtype], tuple]:
+    """BatchNorm with running stats: each side gets its own copy (training updates them)."""
+
+    def make(dtype: torch.dtype) -> tuple:
+        x = randn(4, C, 5, dtype=dtype)
+        w, b = randn(C, dtype=dtype, seed=1), randn(C, dtype=dtype, seed=2)
+        op, (mean, var) = BatchNormFwdOp(C, training=training), _stats(dtype)
+
+        def theirs(x, w, b):
+            return F.batch_norm(x, *_stats(dtype), w, b, training, 0.1, 1e-5)
+
+        return lambda x, w, b: op(x, w, b, mean, var), theirs, (x, w, b)
+
+    return make
+
+
+def _norm(op_cls: type[Op], fn: Callable, affine: int) -> Callable[[torch.dtype], tuple]:
+    def make(dtype: torch.dtype) -> tuple:
+        op = op_cls((3, 4), 1e-5)
+        params = [randn(3, 4, dtype=dtype, seed=1 + k) for k in range(affine)]
+        x = randn(2, 5, 3, 4, dtype=dtype)
+        return op, lambda *t: fn(t[0], (3, 4), *t[1:], eps=1e-5), (x, *params)
+
+    return make
+
+
+def _softmax(dtype: torch.dtype) -> tuple:
+    return SoftmaxFwdOp(1), lambda x: torch.softmax(x, 1), (randn(3, 4, 5, dtype=dtype),)
+
+
+def _gemm(dtype: torch.dtype) -> tuple:
+    a, b = randn(3, 4, dtype=dtype), randn(4, 5, dtype=dtype, seed=1)
+    return GemmOp(), lambda a, b: a @ b, (a, b.t().contiguous().t())  # b column-major
+
+
+CASES = {
+    "layer_norm": _norm(LayerNormFwdOp, F.layer_norm, 2),
+    "rms_norm": _norm(RMSNormFwdOp, F.rms_norm, 1),
+    "softmax": _softmax,
+    "batch_norm_train": _batch_norm(training=True),
+    "batch_norm_infer": _batch_norm(training=False),
+    "gemm": _gemm,
+}
+
+
+def _leaves(inputs: tuple) -> tuple[torch.Tensor, ...]:
+    return tuple(t.detach().requires_grad_() for t in inputs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("name", CASES)
+def test_gradients_match_torch(name, dtype):
+    ours, theirs, inputs = CASES[name](dtype)
+    mine, reference = _leaves(inputs), _leaves(inputs)
+    out, expected = ours(*mine), theirs(*reference)
+    grad = randn(*out.shape, dtype=dtype, seed=9)
+    got = torch.autograd.grad(out, mine, grad)
+    want = torch.autograd.grad(expected, reference, grad)
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g, w, **tolerance)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_gradcheck_in_float64(name):
+    ours, _, inputs = CASES[name](torch.float64)
+    assert torch.autograd.gradcheck(ours, _leaves(inputs))
+
+
+def test_running_stats_are_updated_outside_autograd():
+    op = BatchNormFwdOp(C)
+    mean, var = _stats(torch.float32)
+    x = randn(4, C, 5).requires_grad_()
+    op(x, None, None, mean, var).sum().backward()
+    assert mean.grad_fn is None and var.grad_fn is None
+    assert not mean.requires_grad and not var.requires_grad
+    expected_mean, _ = _stats(torch.float32)
+    F.batch_norm(x.detach(), expected_mean, torch.ones(C), training=True)
+    torch.testing.assert_close(mean, expected_mean)

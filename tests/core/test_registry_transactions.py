@@ -1,0 +1,73 @@
+"""Transactions undo their own changes only; simulations forget only their device's selections."""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from dispatch_kit import INTERFACE, call, kernel, make_op
+
+from tileops import SoftmaxFwdOp
+from tileops.backend import default_target, register_detector, set_default_target
+from tileops.backend.registry import REGISTRY
+from tileops.provenance import Source
+from tileops.testing import isolated_registry, simulate_device
+
+
+def in_thread(action) -> None:
+    worker = threading.Thread(target=action)
+    worker.start()
+    worker.join()
+
+
+def test_isolated_registry_keeps_what_another_thread_registered_meanwhile():
+    survivor = []
+    try:
+        with isolated_registry():
+            register_detector(target="mine", detect=lambda device: False)
+            in_thread(lambda: survivor.append(register_detector("theirs", lambda d: False)))
+        assert "theirs" in REGISTRY.targets() and "mine" not in REGISTRY.targets()
+    finally:
+        REGISTRY.withdraw_source(REGISTRY.detectors["theirs"].source)
+    assert "theirs" not in REGISTRY.targets()
+
+
+def test_nested_transactions_undo_in_layers():
+    installed = REGISTRY.targets()
+    with isolated_registry():
+        register_detector(target="outer", detect=lambda device: False)
+        with isolated_registry():
+            register_detector(target="inner", detect=lambda device: False)
+            set_default_target("inner")
+        assert REGISTRY.targets() == sorted([*installed, "outer"]) and default_target() is None
+        with REGISTRY.transaction():  # kept by the inner one, undone by the outer
+            register_detector(target="kept", detect=lambda device: False)
+        assert REGISTRY.targets() == sorted([*installed, "kept", "outer"])
+    assert REGISTRY.targets() == installed
+
+
+def test_undo_leaves_a_slot_someone_else_changed_since():
+    with isolated_registry():
+        set_default_target(None)
+        in_thread(lambda: REGISTRY.set_default_target("builtin", REGISTRY_SOURCE))
+    assert default_target() == "builtin"
+    REGISTRY.withdraw_source(REGISTRY_SOURCE)
+    assert default_target() is None
+
+
+REGISTRY_SOURCE = Source("another thread's library")
+
+
+def test_a_simulation_forgets_only_its_own_devices_selections():
+    op = make_op({"k": kernel("K", devices={"cpu", "cuda"})})()
+    cpu_call = call("cpu")
+    op.kernel_for(INTERFACE, cpu_call)
+    softmax = SoftmaxFwdOp()
+    softmax(torch.randn(2, 3))
+    before = dict(softmax._table.hits)
+    with simulate_device("cuda:3", arch=90, sm_count=132):
+        op.kernel_for(INTERFACE, call("cuda:3"))
+        assert (INTERFACE, cpu_call) in op._table.hits
+    assert (INTERFACE, cpu_call) in op._table.hits
+    assert (INTERFACE, call("cuda:3")) not in op._table.hits  # stale once the simulation ends
+    assert softmax._table.hits == before
