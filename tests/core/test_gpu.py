@@ -6,6 +6,7 @@ import pytest
 import torch
 from dispatch_kit import INTERFACE, call, kernel, make_op
 
+import tileops
 from tileops import OpNotAvailableError
 from tileops.device import device_facts
 
@@ -41,3 +42,10 @@ def test_ops_without_a_cuda_kernel_say_so_on_cuda_tensors():
     op = make_op({"host": kernel("HostOnly", devices={"cpu"})}, name="GpuHostOnlyOp")()
     with pytest.raises(OpNotAvailableError, match="do not run on 'cuda'"):
         op.kernel_for(INTERFACE, call("cuda:0"))
+
+
+def test_float64_is_served_on_the_gpu_by_the_reference_kernels():
+    x = torch.randn(3, 8, dtype=torch.float64, device="cuda")
+    w = torch.randn(8, dtype=torch.float64, device="cuda")
+    op = tileops.RMSNormFwdOp(8)
+    torch.testing.assert_close(op(x, w), torch.nn.functional.rms_norm(x, (8,), w))

@@ -67,6 +67,9 @@ class Output:
     dtype_of: str | None = None
 
 
+_new_bound_call = tuple.__new__  # skips the named tuple's Python-level __new__ on the hot path
+
+
 class BoundCall(NamedTuple):
     """One call after parsing and checking: inputs in signature order, the call device, the
     sizes the shape patterns bound, and whether every tensor the call writes is empty.
@@ -133,7 +136,7 @@ class Signature:
         except AttributeError:  # not a tensor: the checks below say which argument
             key, known = None, None
         if known is not None:
-            return BoundCall(values, *known)
+            return _new_bound_call(BoundCall, (values, *known))
         device = self._check_tensors(op, values)
         sizes = self._check_shapes(op, values, plan)
         verdict = (device, sizes, self._all_written_empty(values, sizes))

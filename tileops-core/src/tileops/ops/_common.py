@@ -103,7 +103,9 @@ def contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 class ReferenceKernel(Kernel):
-    """Base of the torch reference kernels: CPU and meta, the fallback every other key beats.
+    """Base of the torch reference kernels: the fallback every other key beats, on every device
+    torch runs them on (CPU, meta, CUDA), so any call torch serves is served (float64 on a GPU,
+    say, which the GPU kernels refuse).
 
     Each calls the torch function it matches, so it has torch's numerics and autograd: float32
     and float64 compute in their own dtype; 16-bit inputs compute in float32 and round once,
@@ -113,7 +115,7 @@ class ReferenceKernel(Kernel):
     the kernel is constructed with: they are its build identity.
     """
 
-    devices = frozenset({"cpu", "meta"})
+    devices = frozenset({"cpu", "meta", "cuda"})
     general = True
     build_fields: ClassVar[tuple[str, ...]] = ()
 
