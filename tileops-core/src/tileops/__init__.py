@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import library as _library
 from .call import CallSpec
 from .device import DeviceFacts
 from .errors import (
@@ -26,6 +27,11 @@ from .ops import BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFw
 from .signature import Input, Output, Signature, TensorSpec
 
 __version__ = "0.1.0"
+
+# The catalogue's torch.library operators exist from import on, so that an exported program
+# holding `tileops::RMSNormFwdOp` loads in a fresh process.
+for _op in (BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp):
+    _library.operator(_op)
 
 __all__ = [
     "BUILTIN",

@@ -12,6 +12,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from . import library
+from .autocast import autocast_policy
 from .backend.plugins import LOADER, failure_note
 from .backend.registry import BUILTIN, REGISTRY
 from .call import CallSpec, check_fields
@@ -27,6 +29,8 @@ from .explain import Explanation
 from .kernel import Kernel, KernelInterface
 from .signature import BoundCall, ShapePlan, Signature, TensorSpec
 from .table import HIT_LIMIT, KernelTable, remember, table_for
+
+_is_any_autocast_enabled = torch._C._is_any_autocast_enabled
 
 
 class Op:
@@ -151,8 +155,34 @@ class Op:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.signature is None:
             return self.forward(*args, **kwargs)
+        if torch.compiler.is_compiling():  # Dynamo sees one opaque operator, never our locks
+            tensors = self.signature.parse(type(self).op_name, args, kwargs)
+            return library.call_operator(self, tensors)
         plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
         call = self.signature.bind(type(self).op_name, args, kwargs, plan)
+        if _is_any_autocast_enabled() or (call.requires_grad and torch.is_grad_enabled()):
+            return library.call_operator(self, call.tensors)  # autocast and autograd live there
+        return self._execute(call)
+
+    def call_eager(self, tensors: tuple[torch.Tensor | None, ...]) -> Any:
+        """Run the op on `tensors` (signature order) through the dispatcher itself: what the
+        torch.library operator does once autograd and autocast are dealt with."""
+        plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
+        return self._execute(self.signature.bind(type(self).op_name, tensors, {}, plan))
+
+    def reference_forward(self, *inputs: torch.Tensor | None) -> Any:
+        """The op in plain, differentiable torch: what the reference backward differentiates
+        and what autocast is probed with. Ops of the catalogue define it."""
+        raise NotImplementedError(f"{type(self).op_name} defines no reference_forward()")
+
+    def autocast_dtype(
+        self, device_type: str, tensors: tuple[torch.Tensor | None, ...]
+    ) -> torch.dtype | None:
+        """The dtype to cast floating inputs to under the current autocast, or None: exactly
+        what autocast does to the op's torch counterpart (probed once per state)."""
+        return autocast_policy(self, device_type, tensors)
+
+    def _execute(self, call: BoundCall) -> Any:
         if self._checks:
             self.check(call)
         if call.written_empty:

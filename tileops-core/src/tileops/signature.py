@@ -8,7 +8,8 @@ buffers handed to targets, and the `TensorSpec`s target builders receive.
 Shape patterns are tuples of dims: an int is exact; a name binds a size that must agree across
 inputs (pre-bound when a param has that name); `"*name"` expands a tuple param; one `"..."`,
 anywhere, matches any number of dims (leading batch dims, or BatchNorm's trailing spatial
-dims). Dtypes may name another input: `"x"` means "same dtype as x".
+dims). Dtypes may name another input: `"x"` means "same dtype as x", `"float32 or x"` also
+allows float32 parameters beside a 16-bit x (mixed precision).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ from .errors import OpInputError
 Dim = int | str
 BATCH = "..."
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+WIDENED = "float32 or "
+"""Prefix of a dtype reference to another input: `"float32 or x"` allows x's dtype, and float32
+when x is 16-bit (parameters kept in float32 under mixed precision, as torch's norms accept)."""
 
 
 @dataclass(frozen=True)
@@ -79,14 +84,22 @@ class BoundCall(NamedTuple):
     device: torch.device
     sizes: dict[str, int]
     written_empty: bool
+    requires_grad: bool  # some input requires grad (whether grad mode is on is asked apart)
 
 
 class Signature:
+    """`params` names the constructor's semantic parameters; given as a dict of torch.library
+    schema types (`{"eps": "float"}`), the op also becomes a torch.library operator."""
+
     def __init__(
-        self, inputs: tuple[Input, ...], params: tuple[str, ...], outputs: tuple[Output, ...]
+        self,
+        inputs: tuple[Input, ...],
+        params: tuple[str, ...] | Mapping[str, str],
+        outputs: tuple[Output, ...],
     ) -> None:
         self.inputs = inputs
-        self.params = params
+        self.params = tuple(params)
+        self.param_types = dict(params) if isinstance(params, Mapping) else None
         self.outputs = outputs
         self.names = tuple(i.name for i in inputs)
         self._positions = {name: k for k, name in enumerate(self.names)}
@@ -96,7 +109,7 @@ class Signature:
     def _validate(self) -> None:
         """Catch typos in a signature when the op module is imported, not on some later call."""
         for spec in self.inputs:
-            refs = [d for d in spec.dtypes if isinstance(d, str)]
+            refs = [d.removeprefix(WIDENED) for d in spec.dtypes if isinstance(d, str)]
             stars = [d[1:] for d in spec.shape if isinstance(d, str) and d.startswith("*")]
             bad = [r for r in refs if r not in self._positions] + [
                 p for p in stars if p not in self.params
@@ -128,7 +141,7 @@ class Signature:
                 [
                     None
                     if v is None
-                    else (v.shape, v.dtype, v.device, v.is_contiguous() if w else 0)
+                    else (v.shape, v.dtype, v.device, v.requires_grad, w and v.is_contiguous())
                     for v, w in zip(values, self._must_stay_contiguous, strict=False)
                 ]
             )
@@ -139,10 +152,15 @@ class Signature:
             return _new_bound_call(BoundCall, (values, *known))
         device = self._check_tensors(op, values)
         sizes = self._check_shapes(op, values, plan)
-        verdict = (device, sizes, self._all_written_empty(values, sizes))
+        requires_grad = any(v is not None and v.requires_grad for v in values)
+        verdict = (device, sizes, self._all_written_empty(values, sizes), requires_grad)
         if key is not None:
             plan.remember(key, verdict)
         return BoundCall(values, *verdict)
+
+    def parse(self, op: str, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
+        """The call's inputs in signature order (None for those not passed), unchecked."""
+        return self._parse(op, args, kwargs)
 
     def _parse(self, op: str, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
         if not kwargs and len(args) == len(self.inputs):  # every input by position: common
@@ -209,10 +227,13 @@ class Signature:
         allowed = []
         for dtype in spec.dtypes:
             if isinstance(dtype, str):
-                other = values[self._positions[dtype]]
+                widened = dtype.startswith(WIDENED)
+                other = values[self._positions[dtype.removeprefix(WIDENED)]]
                 if other is None:
                     continue
                 dtype = other.dtype
+                if widened and dtype in HALF_DTYPES and value.dtype == torch.float32:
+                    return
             if value.dtype == dtype:
                 return
             allowed.append(dtype)
@@ -261,6 +282,21 @@ class Signature:
             for name, shape, dtype in self._output_layout(call)
         }
 
+    def outputs_for(self, tensors: tuple) -> list[torch.Tensor]:
+        """Outputs for `tensors` without any check: what tracing (fake tensors, symbolic sizes)
+        needs to know of a call."""
+        sizes = _named_sizes(self.inputs, tensors)
+        outputs = []
+        for out in self.outputs:
+            if out.like is not None:
+                like = tensors[self._positions[out.like]]
+                outputs.append(torch.empty_like(like, memory_format=torch.contiguous_format))
+            else:
+                source = tensors[self._positions[out.dtype_of]]
+                shape = [sizes[d] if isinstance(d, str) else d for d in out.shape]
+                outputs.append(source.new_empty(shape))
+        return outputs
+
     def _all_written_empty(self, values: tuple, sizes: dict[str, int]) -> bool:
         """True when every output and written input is empty: such a call runs no kernel."""
         written = (v for s, v in zip(self.inputs, values, strict=True) if s.written)
@@ -273,6 +309,25 @@ class Signature:
             elif all(sizes[d] if isinstance(d, str) else d for d in out.shape):
                 return False
         return True
+
+
+def _named_sizes(inputs: tuple[Input, ...], tensors: tuple) -> dict[str, Any]:
+    """The sizes named by plain dims of the inputs' patterns, read off `tensors` by position
+    (before a `...` from the front, after it from the back)."""
+    sizes: dict[str, Any] = {}
+    for spec, t in zip(inputs, tensors, strict=True):
+        if t is None:
+            continue
+        dims = spec.shape
+        at = dims.index(BATCH) if BATCH in dims else len(dims)
+        head, tail = dims[:at], dims[at + 1 :]
+        stars = [k for k, d in enumerate(tail) if isinstance(d, str) and d.startswith("*")]
+        tail = tail[stars[-1] + 1 :] if stars else tail  # before a star: position unknown
+        indexed = [*enumerate(head), *((d - len(tail), name) for d, name in enumerate(tail))]
+        for index, name in indexed:
+            if isinstance(name, str) and not name.startswith("*") and name not in sizes:
+                sizes[name] = t.shape[index]
+    return sizes
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ reference kernels, so every op runs on CPU (and on meta tensors) with tileops-co
 
 from __future__ import annotations
 
+from ..backward import BackwardCall, BackwardInterface
 from .gemm import GemmCall, GemmInterface, GemmOp
 from .norm import (
     BatchNormCall,
@@ -19,6 +20,8 @@ from .norm import (
 from .softmax import SoftmaxCall, SoftmaxFwdOp, SoftmaxInterface
 
 __all__ = [
+    "BackwardCall",
+    "BackwardInterface",
     "BatchNormCall",
     "BatchNormFwdOp",
     "BatchNormInferInterface",

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..backward import BackwardInterface, RecomputeBackward
 from ..call import CallSpec
 from ..kernel import KernelInterface
 from ..op import Op
@@ -51,11 +52,11 @@ class GemmOp(Op):
     """`a @ b` for a of shape (m, k) and b of shape (k, n), of one dtype."""
 
     namespace = "tileops"
-    interfaces = {"gemm": GemmInterface}
-    kernel_types = {"reference": GemmReference}
+    interfaces = {"gemm": GemmInterface, "backward": BackwardInterface}
+    kernel_types = {"reference": GemmReference, "reference_backward": RecomputeBackward}
     signature = Signature(
         (Input("a", ("m", "k")), Input("b", ("k", "n"), dtypes=("a",))),
-        (),
+        {},
         (Output("out", shape=("m", "n"), dtype_of="a"),),
     )
 
@@ -66,6 +67,9 @@ class GemmOp(Op):
         (m, k), n = a.shape, b.shape[1]
         call = GemmCall(device=a.device, m=m, n=n, k=k, dtype=a.dtype)
         return self.call_kernel("gemm", call, (m, n), a.dtype, a.contiguous(), b.contiguous())
+
+    def reference_forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.mm(a, b)
 
     @classmethod
     def sample_cases(cls) -> Iterable[Case]:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..backward import BackwardInterface, RecomputeBackward
 from ..call import CallSpec
 from ..errors import OpInputError
 from ..kernel import KernelInterface
@@ -50,9 +51,9 @@ class SoftmaxFwdOp(Op):
     """`torch.softmax(x, dim)` for x of any shape; a 0-d x counts as one element along dim."""
 
     namespace = "tileops"
-    interfaces = {"softmax": SoftmaxInterface}
-    kernel_types = {"reference": SoftmaxReference}
-    signature = Signature((Input("x", (BATCH,)),), ("dim",), (Output("out", like="x"),))
+    interfaces = {"softmax": SoftmaxInterface, "backward": BackwardInterface}
+    kernel_types = {"reference": SoftmaxReference, "reference_backward": RecomputeBackward}
+    signature = Signature((Input("x", (BATCH,)),), {"dim": "int"}, (Output("out", like="x"),))
 
     def __init__(self, dim: int = -1, *, target: str | None = None) -> None:
         self.dim = int_param(type(self).__name__, "dim", dim)
@@ -74,7 +75,10 @@ class SoftmaxFwdOp(Op):
         rows = as_rows(moved, n)
         call = SoftmaxCall(device=x.device, n=n, dtype=x.dtype)
         y = like(self.call_kernel("softmax", call, rows.shape, x.dtype, rows), moved)
-        return y if moved is x else y.movedim(-1, dim)
+        return y if moved is x else y.movedim(-1, dim).contiguous()  # laid out as torch.softmax
+
+    def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(x, self.dim)
 
     @classmethod
     def sample_cases(cls) -> Iterable[Case]:

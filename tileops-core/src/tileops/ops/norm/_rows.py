@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import torch
 
 from ...call import CallSpec
-from ...signature import BATCH, Input, Output, Signature
+from ...signature import BATCH, WIDENED, Input, Output, Signature
 from .._common import as_rows, as_vector, shape_param
 
 
@@ -20,9 +20,16 @@ def norm_signature(*affine: str) -> Signature:
     """x of shape [..., *normalized_shape]; each affine param of shape normalized_shape."""
     x = Input("x", (BATCH, "*normalized_shape"))
     params = tuple(
-        Input(name, ("*normalized_shape",), dtypes=("x",), optional=True) for name in affine
+        Input(name, ("*normalized_shape",), dtypes=(f"{WIDENED}x",), optional=True)
+        for name in affine
     )
-    return Signature((x, *params), ("normalized_shape", "eps"), (Output("out", like="x"),))
+    types = {"normalized_shape": "int[]", "eps": "float?"}
+    return Signature((x, *params), types, (Output("out", like="x"),))
+
+
+def param_dtype(*params: torch.Tensor | None) -> torch.dtype | None:
+    """The dtype of the affine params given (x's, or float32 under mixed precision), or None."""
+    return next((t.dtype for t in params if t is not None), None)
 
 
 class RowNorm:

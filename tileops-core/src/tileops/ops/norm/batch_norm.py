@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from ...backward import BackwardInterface, RecomputeBackward
 from ...call import CallSpec
 from ...errors import OpConfigError, OpInputError
 from ...kernel import KernelInterface
@@ -167,7 +168,7 @@ def _signature(training: bool) -> Signature:
         Input(n, per_channel, dtypes=("x",), optional=True, written=training, contiguous=training)
         for n in STATS
     ]
-    params = ("num_features", "eps", "momentum", "training")
+    params = {"num_features": "int", "eps": "float", "momentum": "float", "training": "bool"}
     return Signature(tuple(inputs), params, (Output("out", like="x"),))
 
 
@@ -184,12 +185,14 @@ class BatchNormFwdOp(Op):
     interfaces = {
         "batch_norm_fwd_train": BatchNormTrainInterface,
         "batch_norm_fwd_infer": BatchNormInferInterface,
+        "backward": BackwardInterface,
     }
     # Two keys: an entry is built from the call spec alone, which does not say the interface,
     # so one class cannot serve both.
     kernel_types = {
         "reference": BatchNormTrainReference,
         "reference_infer": BatchNormInferReference,
+        "reference_backward": RecomputeBackward,
     }
     signature = _TRAIN  # the instance's own follows `training`
 
@@ -266,6 +269,18 @@ class BatchNormFwdOp(Op):
         stats = contiguous(running_mean), contiguous(running_var)
         args = x3, contiguous(weight), contiguous(bias), *stats
         return like(self.call_kernel(self._interface, call, x3.shape, x.dtype, *args), x)
+
+    def reference_forward(
+        self,
+        x: Tensor,
+        weight: Tensor | None,
+        bias: Tensor | None,
+        running_mean: Tensor | None,
+        running_var: Tensor | None,
+    ) -> Tensor:
+        return F.batch_norm(
+            x, running_mean, running_var, weight, bias, self.training, self.momentum, self.eps
+        )
 
     @classmethod
     def sample_cases(cls) -> Iterable[Case]:

@@ -8,11 +8,12 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from ...backward import BackwardInterface, RecomputeBackward
 from ...call import CallSpec
 from ...kernel import KernelInterface
 from ...op import Op
 from .._common import ReferenceKernel, eps_param, sample_case
-from ._rows import RowNorm, norm_signature
+from ._rows import RowNorm, norm_signature, param_dtype
 
 if TYPE_CHECKING:
     from ...cases import Case
@@ -26,6 +27,7 @@ class LayerNormCall(CallSpec):
     dtype: torch.dtype
     has_weight: bool
     has_bias: bool
+    param_dtype: torch.dtype | None = None  # weight/bias dtype: x's, or float32 (mixed)
 
 
 class LayerNormInterface(KernelInterface):
@@ -63,8 +65,8 @@ class LayerNormFwdOp(RowNorm, Op):
     """`F.layer_norm(x, normalized_shape, weight, bias, eps)` over any leading batch shape."""
 
     namespace = "tileops"
-    interfaces = {"layer_norm": LayerNormInterface}
-    kernel_types = {"reference": LayerNormReference}
+    interfaces = {"layer_norm": LayerNormInterface, "backward": BackwardInterface}
+    kernel_types = {"reference": LayerNormReference, "reference_backward": RecomputeBackward}
     signature = norm_signature("weight", "bias")
     interface_name = "layer_norm"
 
@@ -83,7 +85,13 @@ class LayerNormFwdOp(RowNorm, Op):
             dtype=x.dtype,
             has_weight=weight is not None,
             has_bias=bias is not None,
+            param_dtype=param_dtype(weight, bias),
         )
+
+    def reference_forward(
+        self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
 
     @classmethod
     def sample_cases(cls) -> Iterable[Case]:

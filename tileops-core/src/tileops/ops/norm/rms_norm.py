@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from ...backward import BackwardInterface, RecomputeBackward
 from ...call import CallSpec
 from ...kernel import KernelInterface
 from ...op import Op
@@ -30,6 +31,7 @@ class RMSNormCall(CallSpec):
     eps: float
     dtype: torch.dtype
     has_weight: bool
+    param_dtype: torch.dtype | None = None  # weight dtype: x's, or float32 (mixed)
 
 
 class RMSNormInterface(KernelInterface):
@@ -57,6 +59,8 @@ class RMSNormReference(ReferenceKernel, RMSNormInterface):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        if weight is not None and weight.dtype != x.dtype:  # float32 weight, 16-bit x
+            return F.rms_norm(x.float(), x.shape[-1:], weight, self.eps).to(x.dtype)
         return F.rms_norm(x, x.shape[-1:], weight, self.eps)
 
 
@@ -64,8 +68,8 @@ class RMSNormFwdOp(RowNorm, Op):
     """`F.rms_norm(x, normalized_shape, weight, eps)` over any leading batch shape."""
 
     namespace = "tileops"
-    interfaces = {"rms_norm": RMSNormInterface}
-    kernel_types = {"reference": RMSNormReference}
+    interfaces = {"rms_norm": RMSNormInterface, "backward": BackwardInterface}
+    kernel_types = {"reference": RMSNormReference, "reference_backward": RecomputeBackward}
     signature = norm_signature("weight")
     interface_name = "rms_norm"
 
@@ -87,7 +91,11 @@ class RMSNormFwdOp(RowNorm, Op):
             eps=DEFAULT_EPS[x.dtype] if eps is None else eps,
             dtype=x.dtype,
             has_weight=weight is not None,
+            param_dtype=None if weight is None else weight.dtype,
         )
+
+    def reference_forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        return F.rms_norm(x, self.normalized_shape, weight, self.eps)
 
     @classmethod
     def sample_cases(cls) -> Iterable[Case]:

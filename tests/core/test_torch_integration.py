@@ -1,0 +1,245 @@
+"""tileops inside PyTorch's stack: torch.library operators, torch.compile, export, autograd,
+mixed precision and autocast, on the CPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tileops
+from tileops import Kernel, library
+from tileops.backend import register_kernel_type
+from tileops.ops import SoftmaxInterface
+
+
+def randn(*shape: int, dtype: torch.dtype = torch.float32, grad: bool = False) -> torch.Tensor:
+    return torch.randn(shape, dtype=dtype).requires_grad_(grad)
+
+
+def cases(grad: bool = False, dtype: torch.dtype = torch.float32):
+    """(op factory, inputs, the torch function it matches) for every op of the catalogue."""
+
+    def t(*shape):
+        return randn(*shape, dtype=dtype, grad=grad)
+
+    def stats():
+        return torch.zeros(3, dtype=dtype), torch.ones(3, dtype=dtype)
+
+    return {
+        "rms_norm": (
+            lambda: tileops.RMSNormFwdOp(8),
+            (t(4, 8), t(8)),
+            lambda x, w: F.rms_norm(x, (8,), w),
+        ),
+        "layer_norm": (
+            lambda: tileops.LayerNormFwdOp((2, 8)),
+            (t(3, 2, 8), t(2, 8), t(2, 8)),
+            lambda x, w, b: F.layer_norm(x, (2, 8), w, b),
+        ),
+        "softmax": (
+            lambda: tileops.SoftmaxFwdOp(dim=1),
+            (t(4, 6, 3),),
+            lambda x: torch.softmax(x, 1),
+        ),
+        "gemm": (lambda: tileops.GemmOp(), (t(5, 8), t(8, 3)), lambda a, b: a @ b),
+        "batch_norm_train": (
+            lambda: tileops.BatchNormFwdOp(3),
+            (t(4, 3, 5), t(3), t(3), *stats()),
+            lambda x, w, b, m, v: F.batch_norm(x, m, v, w, b, True),
+        ),
+        "batch_norm_infer": (
+            lambda: tileops.BatchNormFwdOp(3, training=False),
+            (t(4, 3, 5), t(3), t(3), *stats()),
+            lambda x, w, b, m, v: F.batch_norm(x, m, v, w, b, False),
+        ),
+    }
+
+
+NAMES = list(cases())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_op_is_a_torch_library_operator_that_opcheck_accepts(name):
+    make, inputs, _ = cases(grad=True)[name]
+    op = make()
+    operator = library.operator(type(op)).default
+    assert str(operator).startswith(f"tileops.{type(op).__name__}")
+    torch.library.opcheck(operator, (*inputs, *op.params().values()))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_op_compiles_fullgraph_on_a_fresh_instance_without_graph_breaks(name):
+    make, inputs, reference = cases()[name]
+    op = make()  # fresh: never called, so never settled
+
+    def model(*args):
+        return op(*args) * 2
+
+    explanation = torch._dynamo.explain(model)(*inputs)
+    assert explanation.graph_break_count == 0 and explanation.graph_count == 1
+    torch._dynamo.reset()
+    expected = reference(*[t.clone() for t in inputs]) * 2
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(*inputs), expected)
+
+
+def test_dynamic_shapes_compile_once():
+    op = tileops.RMSNormFwdOp(16)
+    compiled = torch.compile(lambda x, w: op(x, w) + 1, fullgraph=True, dynamic=True)
+    w = randn(16)
+    torch._dynamo.utils.counters.clear()
+    for rows in (3, 7, 64, 129):
+        x = randn(rows, 16)
+        torch.testing.assert_close(compiled(x, w), F.rms_norm(x, (16,), w) + 1)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+class NumpySoftmax(Kernel, SoftmaxInterface):
+    """An opaque kernel Dynamo cannot trace: numpy inside."""
+
+    devices = {"cpu"}
+
+    def forward(self, x):
+        rows = x.detach().numpy()
+        e = np.exp(rows - rows.max(axis=-1, keepdims=True))
+        return torch.from_numpy(e / e.sum(axis=-1, keepdims=True)).to(x.dtype).contiguous()
+
+
+def test_an_opaque_kernel_compiles_fullgraph_with_correct_values_and_gradients(tileops_registry):
+    register_kernel_type(tileops.SoftmaxFwdOp, "numpy", NumpySoftmax)
+    op = tileops.SoftmaxFwdOp(dim=-1)
+    x = randn(4, 8, grad=True)
+    compiled = torch.compile(lambda x: (op(x) * torch.arange(8.0)).sum(), fullgraph=True)
+    compiled(x).backward()
+    x_ref = x.detach().clone().requires_grad_()
+    (torch.softmax(x_ref, -1) * torch.arange(8.0)).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
+    call = tileops.ops.SoftmaxCall(device=x.device, n=8, dtype=x.dtype)
+    assert op.key_for("softmax", call) == "numpy"
+
+
+EXPORT = """
+import sys, torch, tileops
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = tileops.RMSNormFwdOp(8)
+        self.weight = torch.nn.Parameter(torch.randn(8))
+    def forward(self, x):
+        return torch.softmax(self.norm(x, self.weight), -1)
+torch.manual_seed(0)
+block, x = Block(), torch.randn(3, 8)
+program = torch.export.export(block, (x,))
+nodes = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+assert nodes.count("tileops.RMSNormFwdOp.default") == 1, nodes
+torch.export.save(program, sys.argv[1])
+torch.save((x, block(x)), sys.argv[1] + ".expected")
+"""
+
+LOAD = """
+import sys, torch, tileops
+program = torch.export.load(sys.argv[1])
+x, expected = torch.load(sys.argv[1] + ".expected")
+torch.testing.assert_close(program.module()(x), expected)
+print("loaded")
+"""
+
+
+def test_an_exported_program_holds_one_tileops_node_and_runs_after_load(tmp_path):
+    path = str(tmp_path / "block.pt2")
+    for script in (EXPORT, LOAD):  # load in a fresh process, as users do
+        done = subprocess.run(
+            [sys.executable, "-c", script, path], capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "loaded"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradients_flow_through_the_operator_and_match_torch(name):
+    make, inputs, reference = cases(grad=True, dtype=torch.float64)[name]
+    ref_inputs = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    out = make()(*inputs)
+    expected = reference(*ref_inputs)
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    expected.backward(grad)
+    for got, want in zip(inputs, ref_inputs, strict=True):
+        if want.requires_grad:
+            torch.testing.assert_close(got.grad, want.grad)
+    if name.startswith("batch_norm"):  # running stats updated exactly once, as torch does
+        torch.testing.assert_close(inputs[3], ref_inputs[3])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_gradcheck_in_float64(name):
+    make, inputs, _ = cases(grad=True, dtype=torch.float64)[name]
+    op = make()
+    grads = [t for t in inputs if t.requires_grad]
+    rest = {k: t for k, t in enumerate(inputs) if not t.requires_grad}
+
+    def f(*differentiable):
+        it = iter(differentiable)
+        return op(*[rest[k].clone() if k in rest else next(it) for k in range(len(inputs))])
+
+    assert torch.autograd.gradcheck(f, grads)
+
+
+def test_a_backend_can_register_a_backward_kernel(tileops_registry):
+    from tileops.ops import BackwardInterface
+
+    seen = []
+
+    class DoubledBackward(Kernel, BackwardInterface):
+        devices = {"cpu"}
+
+        def forward(self, grads, inputs):
+            seen.append(len(inputs))
+            return (2 * grads[0] @ inputs[1].T, None)
+
+    register_kernel_type(tileops.GemmOp, "doubled_backward", DoubledBackward)
+    a, b = randn(2, 3, grad=True), randn(3, 4)
+    tileops.GemmOp()(a, b).backward(torch.ones(2, 4))
+    assert seen == [2]
+    torch.testing.assert_close(a.grad, 2 * torch.ones(2, 4) @ b.T)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["rms_norm", "layer_norm"])
+def test_mixed_precision_norms_match_torch(name, dtype):
+    make, inputs, reference = cases()[name]
+    x, *params = inputs
+    x = x.to(dtype)  # float32 parameters beside a 16-bit input, as under autocast
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns on its own mixed path; ours must not
+        out = make()(x, *params)
+    expected = reference(x, *params)
+    assert out.dtype == expected.dtype == dtype
+    torch.testing.assert_close(out, expected)
+
+
+def test_mixed_precision_is_in_the_call_spec_and_float32_params_need_a_16_bit_input():
+    op = tileops.LayerNormFwdOp(8)
+    x, w = randn(2, 8, dtype=torch.bfloat16), randn(8)
+    assert op.call_for(x, w, w).param_dtype == torch.float32
+    assert op.call_for(x.float(), w, None).param_dtype == torch.float32
+    with pytest.raises(tileops.OpInputError, match="argument 'weight' has dtype float32"):
+        op(x.double(), w, None)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_under_autocast_each_op_behaves_as_its_torch_counterpart(name, dtype):
+    make, inputs, reference = cases(dtype=dtype)[name]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = make()(*[t.clone() for t in inputs])
+        expected = reference(*[t.clone() for t in inputs])
+    assert out.dtype == expected.dtype
+    torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)

@@ -1,0 +1,214 @@
+"""Each op as a `torch.library` operator, so PyTorch's stack sees one opaque node per call.
+
+`torch.compile` and `torch.export` trace the op as `tileops::<Name>` (schema from the op's
+signature, a fake implementation from its output rules), whatever kernel serves it: a TileLang
+or Triton launch, a C extension, numpy. Autograd and autocast hang on the same operator:
+gradients come from the op's backward interface, and under autocast the op casts as its torch
+counterpart does. Eager calls skip all of this and go straight to the dispatcher (op.py), so
+the library route costs nothing where it is not needed.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .backend.registry import REGISTRY
+from .backward import backward_of
+from .errors import OpDefinitionError
+from .table import ENTRY_LIMIT, remember
+
+if TYPE_CHECKING:
+    from .op import Op
+
+_LIBRARIES: dict[str, torch.library.Library] = {}
+_OPERATORS: dict[type, Any] = {}
+_INSTANCES: dict[tuple, Op] = {}
+_lock = threading.RLock()
+_AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}
+
+
+def operator(op_cls: type[Op]) -> Any:
+    """The `torch.ops` overload packet of `op_cls`, defined on first need."""
+    found = _OPERATORS.get(op_cls)
+    if found is None:
+        with _lock:
+            found = _OPERATORS.get(op_cls) or _define(op_cls)
+            _OPERATORS[op_cls] = found
+    return found
+
+
+def library_name(op_cls: type[Op]) -> tuple[str, str]:
+    """(namespace, name) of the operator: `tileops::RMSNormFwdOp` stays as it is; other
+    characters a library name cannot hold become underscores."""
+    namespace, _, name = op_cls.op_name.partition("::")
+    return _identifier(namespace), _identifier(name)
+
+
+def _identifier(text: str) -> str:
+    return re.sub(r"\W", "_", text)
+
+
+def _define(op_cls: type[Op]) -> Any:
+    namespace, name = library_name(op_cls)
+    library = _LIBRARIES.get(namespace)
+    if library is None:
+        library = _LIBRARIES[namespace] = torch.library.Library(namespace, "FRAGMENT")
+    library.define(f"{name}{schema_of(op_cls)}")
+    qualname = f"{namespace}::{name}"
+    library.impl(name, _eager_impl(op_cls), "CompositeExplicitAutograd")
+    torch.library.register_fake(qualname, _fake_impl(op_cls), lib=library)
+    if any(spec.written for spec in op_cls.signature.inputs):
+        # register_autograd takes functional operators only: wrap an autograd.Function.
+        library.impl(name, _mutating_autograd(op_cls), "Autograd")
+    else:
+        torch.library.register_autograd(
+            qualname, _backward(op_cls), setup_context=_setup_context(op_cls), lib=library
+        )
+    for device_type, key in _AUTOCAST_KEYS.items():
+        library.impl(name, _autocast_impl(op_cls, device_type), key)
+    return getattr(getattr(torch.ops, namespace), name)
+
+
+def schema_of(op_cls: type[Op]) -> str:
+    """`(Tensor x, Tensor? weight, int[] normalized_shape, float? eps, str? target) -> Tensor`
+    from the signature; inputs the op writes are marked mutable."""
+    signature = op_cls.signature
+    if signature.param_types is None:
+        raise OpDefinitionError(
+            f"{op_cls.op_name}: its signature names params without types, so it cannot become a "
+            "torch.library operator (torch.compile, torch.export, autograd); give Signature "
+            "its params as a dict of schema types, e.g. {'eps': 'float'}"
+        )
+    inputs = []
+    for index, spec in enumerate(signature.inputs):
+        alias = f"({chr(ord('a') + index)}!)" if spec.written else ""
+        inputs.append(f"Tensor{alias}{'?' if spec.optional else ''} {spec.name}")
+    params = [f"{kind} {name}" for name, kind in signature.param_types.items()]
+    outputs = ", ".join("Tensor" for _ in signature.outputs)
+    returns = outputs if len(signature.outputs) == 1 else f"({outputs})"
+    return f"({', '.join([*inputs, *params, 'str? target=None'])}) -> {returns}"
+
+
+def call_operator(op: Op, tensors: Sequence[torch.Tensor | None]) -> Any:
+    """Call `op` through its operator: what tracing, autograd and autocast see."""
+    params = op.params()
+    return operator(type(op))(*tensors, *params.values(), op.target)
+
+
+def instance(op_cls: type[Op], params: dict[str, Any], target: str | None) -> Op:
+    """One op instance per (class, params, target) and registry generation, shared by every
+    operator call: like any op instance, it sees the registrations made before it."""
+    key = (op_cls, _hashable(tuple(params.values())), target, REGISTRY.generation)
+    found = _INSTANCES.get(key)
+    if found is None:
+        found = op_cls(**params, target=target)
+        remember(_INSTANCES, key, found, ENTRY_LIMIT)
+    return found
+
+
+def _hashable(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    return value
+
+
+def _split(op_cls: type[Op], args: tuple) -> tuple[tuple, dict[str, Any], str | None]:
+    count = len(op_cls.signature.inputs)
+    names = list(op_cls.signature.param_types)
+    end = count + len(names)
+    params = dict(zip(names, args[count:end], strict=True))
+    target = args[end] if len(args) > end else None  # the dispatcher drops a default target
+    return args[:count], params, target
+
+
+def _eager_impl(op_cls: type[Op]) -> Any:
+    def impl(*args: Any) -> Any:
+        tensors, params, target = _split(op_cls, args)
+        return instance(op_cls, params, target).call_eager(tensors)
+
+    return impl
+
+
+def _fake_impl(op_cls: type[Op]) -> Any:
+    def fake(*args: Any) -> Any:
+        tensors, _, _ = _split(op_cls, args)
+        outputs = op_cls.signature.outputs_for(tensors)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+    return fake
+
+
+def _setup_context(op_cls: type[Op]) -> Any:
+    def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+        tensors, params, target = _split(op_cls, inputs)
+        ctx.save_for_backward(*tensors)
+        ctx.params, ctx.target = params, target
+
+    return setup_context
+
+
+def _backward(op_cls: type[Op]) -> Any:
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        count = len(op_cls.signature.inputs)
+        needs = tuple(ctx.needs_input_grad[:count])
+        op = instance(op_cls, ctx.params, ctx.target)
+        tensor_grads = backward_of(op, grads, tuple(ctx.saved_tensors), needs)
+        return (*tensor_grads, *[None] * (len(ctx.params) + 1))
+
+    return backward
+
+
+def _mutating_autograd(op_cls: type[Op]) -> Any:
+    def autograd(*args: Any) -> Any:
+        tensors, params, target = _split(op_cls, args)
+        return _MutatingOp.apply(op_cls, params, target, *tensors)
+
+    return autograd
+
+
+class _MutatingOp(torch.autograd.Function):
+    """Autograd for an operator that writes some inputs (BatchNorm's running stats): those are
+    not saved (they change during the forward, and no output depends on their new values)."""
+
+    @staticmethod
+    def forward(ctx: Any, op_cls: type[Op], params: dict, target: str | None, *tensors: Any) -> Any:
+        signature = instance(op_cls, params, target).signature  # BatchNorm's follows training
+        written = [spec.written for spec in signature.inputs]
+        ctx.save_for_backward(*[None if w else t for t, w in zip(tensors, written, strict=True)])
+        ctx.op_cls, ctx.params, ctx.target = op_cls, params, target
+        with torch._C._AutoDispatchBelowAutograd():
+            return operator(op_cls)(*tensors, *params.values(), target)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        needs = tuple(ctx.needs_input_grad[3:])
+        op = instance(ctx.op_cls, ctx.params, ctx.target)
+        return (None, None, None, *backward_of(op, grads, tuple(ctx.saved_tensors), needs))
+
+
+def _autocast_impl(op_cls: type[Op], device_type: str) -> Any:
+    """Cast as the op's torch counterpart is cast under autocast, then run without autocast."""
+
+    def autocast(*args: Any) -> Any:
+        tensors, params, target = _split(op_cls, args)
+        dtype = instance(op_cls, params, target).autocast_dtype(device_type, tensors)
+        if dtype is not None:
+            tensors = tuple(
+                _cast(t, dtype, spec)
+                for t, spec in zip(tensors, op_cls.signature.inputs, strict=True)
+            )
+        with torch.autocast(device_type, enabled=False):
+            return operator(op_cls)(*tensors, *params.values(), target)
+
+    return autocast
+
+
+def _cast(t: torch.Tensor | None, dtype: torch.dtype, spec: Any) -> torch.Tensor | None:
+    if t is None or spec.written or not t.is_floating_point() or t.dtype == dtype:
+        return t
+    return t.to(dtype)

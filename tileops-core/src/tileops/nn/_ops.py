@@ -1,0 +1,52 @@
+"""What every tileops.nn module shares: the op instances it calls, and the mixed-precision path.
+
+Modules hold no op of their own: an op is looked up per call from its configuration (read from
+the module's attributes, so changing `eps` or `momentum` later is honoured) and the call's device.
+Identical layers share one op instance, and the modules stay plain torch modules that copy,
+pickle and swap class (see kernelize) without any extra state.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from ..op import Op
+
+# The dtypes the ops' signatures accept (README: "float32, float16, bfloat16 and float64").
+SERVED_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
+
+
+@functools.lru_cache(maxsize=1024)
+def op_for(op_type: type[Op], device: torch.device, *config: Any) -> Op:
+    """The shared `op_type(*config)` for calls on `device`: built once per configuration.
+
+    Keyed by device too because an op instance settles its target on its first call's device.
+    """
+    return op_type(*config)
+
+
+def compute_dtype(x: torch.Tensor, param: torch.Tensor | None) -> torch.dtype:
+    """The dtype a norm runs in: x's, or its promotion with the params' (16-bit x with float32
+    weights computes in float32, as torch does). The ops take one dtype for x and its params,
+    so the modules cast until the ops accept mixed precision themselves."""
+    if param is None or param.dtype == x.dtype:
+        return x.dtype
+    return torch.promote_types(x.dtype, param.dtype)
+
+
+def cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return None if t is None else t.to(dtype)
+
+
+def dtype_refusal(module: torch.nn.Module) -> str | None:
+    """Why the ops cannot serve `module`'s parameters and buffers, or None."""
+    served = ", ".join(sorted(str(d).removeprefix("torch.") for d in SERVED_DTYPES))
+    for name, tensor in (*module.named_parameters(), *module.named_buffers()):
+        numeric = tensor.is_floating_point() or tensor.is_complex()  # not num_batches_tracked
+        if numeric and tensor.dtype not in SERVED_DTYPES:
+            dtype = str(tensor.dtype).removeprefix("torch.")
+            return f"{name!r} has dtype {dtype}; the ops serve {served} (pass one as dtype=)"
+    return None
