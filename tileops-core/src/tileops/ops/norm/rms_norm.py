@@ -38,7 +38,9 @@ class RMSNormInterface(KernelInterface):
     """Interface "rms_norm": `x / sqrt(mean(x**2) + eps) * weight` per row.
 
     Layout contract: `x` is a contiguous (rows, n) tensor (the op flattened the normalized dims
-    and the leading batch dims); `weight` is a contiguous (n,) tensor of x's dtype, or None.
+    and the leading batch dims); `weight` is a contiguous (n,) tensor of `call.param_dtype`
+    (x's dtype, or float32 beside a 16-bit x under mixed precision), or None; a kernel that
+    reads only x's dtype refuses the mixed calls.
     `eps` comes through the call spec already resolved to a float. Return a contiguous
     (rows, n) tensor of x's dtype; the op restores the caller's shape. Calls with rows == 0 or
     n == 0 never reach a kernel.

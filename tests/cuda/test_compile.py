@@ -1,0 +1,77 @@
+"""Every kernel, for a representative call of its region, compiles for each arch it declares.
+
+The compiled kernels go to a session-wide TileLang cache (TILELANG_CACHE_DIR), so each
+configuration compiles once per session; no GPU is needed to produce sm_80 / sm_90 cubin.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cuda_grid import make_call
+
+import tileops_cuda
+from tileops.testing import simulate_device
+
+# One call per region (the longest row of each, odd lengths where the region allows them).
+REPRESENTATIVE = {
+    "warp_rows": (1000, torch.bfloat16),
+    "block_row": (16383, torch.float16),
+    "smem_row": (40000, torch.float32),
+    "stream_row": (262144, torch.bfloat16),
+}
+SMEM_BUDGET = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
+CASES = [
+    (op, key, cls, arch)
+    for op, keys in tileops_cuda.KERNELS.items()
+    for key, cls in keys.items()
+    for arch in (80, 90)
+    if arch in cls.supported_archs
+]
+
+
+@pytest.mark.parametrize("op,key,cls,arch", CASES, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_kernel_compiles_to_cubin(op, key, cls, arch, tilelang_cache):
+    n, dtype = REPRESENTATIVE[cls.layout]
+    call = make_call(op.__name__, n, dtype)
+    with simulate_device("cuda:0", arch=arch, sm_count=100, smem_budget=SMEM_BUDGET[arch]):
+        assert cls.refusal(call) is None
+        identity, build = cls.entry_for(call)
+        kernel = build()
+    assert identity[0] == arch
+    compiled = kernel.compiled
+    assert compiled.target.attrs["arch"] == f"sm_{arch}"
+    assert "__global__" in compiled.get_kernel_source()
+    assert tilelang_cache in compiled._tilelang_cache_path
+
+
+@pytest.mark.parametrize("flags", [{"has_weight": False, "has_bias": False}, {"has_bias": False}])
+def test_layer_norm_affine_variants_compile(flags, tilelang_cache):
+    call = make_call("LayerNormFwdOp", 300, torch.float32, **flags)
+    with simulate_device("cuda:0", arch=90, sm_count=132, smem_budget=SMEM_BUDGET[90]):
+        kernel = tileops_cuda.norms.LayerNormWarpRows.entry_for(call)[1]()
+    assert "__global__" in kernel.compiled.get_kernel_source()
+
+
+def test_rms_norm_without_weight_compiles(tilelang_cache):
+    call = make_call("RMSNormFwdOp", 2048, torch.bfloat16, has_weight=False)
+    with simulate_device("cuda:0", arch=80, sm_count=108, smem_budget=SMEM_BUDGET[80]):
+        kernel = tileops_cuda.norms.RMSNormBlockRow.entry_for(call)[1]()
+    assert "__global__" in kernel.compiled.get_kernel_source()
+
+
+@pytest.mark.parametrize(
+    "op,cls",
+    [
+        ("LayerNormFwdOp", tileops_cuda.norms.LayerNormBlockRow),
+        ("RMSNormFwdOp", tileops_cuda.norms.RMSNormWarpRows),
+    ],
+)
+def test_mixed_precision_norms_read_float32_weights(op, cls, tilelang_cache):
+    """Under autocast the parameters stay float32 beside 16-bit rows: read them as they are."""
+    call = make_call(op, 2048, torch.bfloat16, param_dtype=torch.float32)
+    with simulate_device("cuda:0", arch=90, sm_count=132, smem_budget=SMEM_BUDGET[90]):
+        identity, build = cls.entry_for(call)
+        source = build().compiled.get_kernel_source()
+    assert torch.float32 in identity
+    assert "float* __restrict__" in source and "bfloat16_t* __restrict__" in source

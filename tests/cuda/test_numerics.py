@@ -1,0 +1,122 @@
+"""Every kernel against the torch reference kernels on a real GPU (skipped without CUDA)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+
+import pytest
+import torch
+from cuda_grid import kernel_cases, make_call
+
+from tileops.ops import LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
+from tileops.ops.norm.layer_norm import LayerNormReference
+from tileops.ops.norm.rms_norm import RMSNormReference
+from tileops.ops.softmax import SoftmaxReference
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda_kernels_only")]
+
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+ROWS = 37  # no multiple of any block's row count: the last block is partly empty
+CASES = list(kernel_cases())
+
+
+def _prebuild(case: tuple) -> None:
+    op, _, cls, n, dtype = case
+    call = make_call(op, n, dtype)
+    if cls.refusal(call) is None:
+        cls.entry_for(call)[1]()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_cache():
+    """Compile the grid in parallel processes first: the tests then load from the disk cache."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(8, mp_context=context) as pool:
+        list(pool.map(_prebuild, CASES))
+
+
+def _inputs(op: str, n: int, dtype: torch.dtype):
+    x = torch.randn(ROWS, n, device="cuda", dtype=dtype) * 3 + 1
+    params = [torch.randn(n, device="cuda", dtype=dtype) for _ in range(2)]
+    if op == "LayerNormFwdOp":
+        return (x, *params), LayerNormReference(1e-5)
+    if op == "RMSNormFwdOp":
+        return (x, params[0]), RMSNormReference(1e-6)
+    return (x,), SoftmaxReference()
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want.float()).norm() / want.float().norm())
+
+
+@pytest.mark.parametrize(
+    "op,key,cls,n,dtype", CASES, ids=lambda v: getattr(v, "__name__", str(v).replace("torch.", ""))
+)
+def test_kernel_matches_reference(op, key, cls, n, dtype):
+    call = make_call(op, n, dtype)
+    if cls.refusal(call) is not None:
+        pytest.skip(f"not this kernel's region on this device: {cls.refusal(call)}")
+    args, reference = _inputs(op, n, dtype)
+    kernel = cls.entry_for(call)[1]()
+    got = kernel(*args)
+    assert got.shape == args[0].shape and got.dtype == dtype and got.is_contiguous()
+    assert torch.isfinite(got).all()
+    assert _rel_err(got, reference(*args)) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("has_weight,has_bias", [(False, False), (True, False), (False, True)])
+def test_layer_norm_without_affine(has_weight, has_bias):
+    x = torch.randn(5, 3000, device="cuda")
+    w = torch.randn(3000, device="cuda") if has_weight else None
+    b = torch.randn(3000, device="cuda") if has_bias else None
+    got = LayerNormFwdOp(3000)(x, w, b)
+    assert _rel_err(got, torch.nn.functional.layer_norm(x, (3000,), w, b)) < 1e-5
+
+
+def test_rms_norm_without_weight():
+    x = torch.randn(5, 300, device="cuda", dtype=torch.bfloat16)
+    got = RMSNormFwdOp(300, 1e-6)(x, None)
+    assert _rel_err(got, torch.nn.functional.rms_norm(x.float(), (300,), None, 1e-6)) < 1e-2
+
+
+@pytest.mark.parametrize("n", [100, 4096, 40000, 300000])
+def test_softmax_infinities_match_torch(n):
+    x = torch.randn(4, n, device="cuda")
+    x[0, : n // 2] = float("-inf")  # some -inf: zeros there
+    x[1] = float("-inf")  # all -inf: NaN, as torch
+    x[2, -1] = float("-inf")
+    got = SoftmaxFwdOp(-1)(x)
+    torch.testing.assert_close(got, torch.softmax(x, -1), equal_nan=True, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5, 64), (1000, 1024), (2, 262144)])
+def test_dispatched_ops_on_cuda(shape):
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    n = shape[-1]
+    w, b = (
+        torch.randn(n, device="cuda", dtype=x.dtype),
+        torch.randn(n, device="cuda", dtype=x.dtype),
+    )
+    ref = torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float())
+    assert _rel_err(LayerNormFwdOp(n)(x, w, b), ref) < 1e-2
+    assert (
+        _rel_err(RMSNormFwdOp(n)(x, w), torch.nn.functional.rms_norm(x.float(), (n,), w.float()))
+        < 1e-2
+    )
+    assert _rel_err(SoftmaxFwdOp(-1)(x), torch.softmax(x.float(), -1)) < 1e-2
+
+
+@pytest.mark.parametrize("op_cls", [LayerNormFwdOp, RMSNormFwdOp])
+@pytest.mark.parametrize("n", [1000, 4096, 40000])
+def test_mixed_precision_ops_match_torch(op_cls, n):
+    """bfloat16 rows with float32 weights (autocast's layout), served by a TileLang kernel."""
+    op = op_cls(n)
+    x = torch.randn(ROWS, n, device="cuda", dtype=torch.bfloat16)
+    params = [torch.randn(n, device="cuda") for _ in range(2 if op_cls is LayerNormFwdOp else 1)]
+    got = op(x, *params)
+    want = op.reference_forward(x.float(), *params).to(torch.bfloat16)
+    assert got.dtype == torch.bfloat16
+    call = op.call_for(x, *params)
+    assert op.key_for(op.interface_name, call).startswith("tilelang_")
+    assert _rel_err(got, want) < TOLERANCE[torch.bfloat16]

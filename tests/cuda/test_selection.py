@@ -1,0 +1,121 @@
+"""Which key serves which rows, on simulated sm_80, sm_86 and sm_90 devices (no GPU needed)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from cuda_grid import DTYPES, make_call
+
+import tileops_cuda
+from tileops.ops import LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
+from tileops.testing import simulate_device
+
+pytestmark = pytest.mark.usefixtures("cuda_kernels_only")
+
+DEVICES = {
+    80: {"sm_count": 108, "calibration": "NVIDIA A100-SXM4-80GB", "smem_budget": 166912},
+    86: {"sm_count": 84, "calibration": "NVIDIA RTX A6000", "smem_budget": 101376},
+    90: {"sm_count": 132, "calibration": "NVIDIA H200", "smem_budget": 232448},
+}
+OPS = {"LayerNormFwdOp": LayerNormFwdOp, "RMSNormFwdOp": RMSNormFwdOp, "SoftmaxFwdOp": SoftmaxFwdOp}
+INTERFACE = {"LayerNormFwdOp": "layer_norm", "RMSNormFwdOp": "rms_norm", "SoftmaxFwdOp": "softmax"}
+
+
+def _op(name: str):
+    return SoftmaxFwdOp(-1) if name == "SoftmaxFwdOp" else OPS[name](8)
+
+
+def key_for(name: str, n: int, dtype: torch.dtype, arch: int) -> str:
+    with simulate_device("cuda:0", arch=arch, **DEVICES[arch]):
+        return _op(name).key_for(INTERFACE[name], make_call(name, n, dtype))
+
+
+# (n, dtype, arch) -> key, at every region edge.
+EXPECTED = [
+    (1, torch.float32, 90, "tilelang_warp_rows"),
+    (1024, torch.bfloat16, 80, "tilelang_warp_rows"),
+    (1025, torch.bfloat16, 80, "tilelang_block_row"),
+    (16384, torch.float32, 90, "tilelang_block_row"),
+    (16385, torch.float32, 90, "tilelang_smem_row"),
+    (57000, torch.float32, 90, "tilelang_smem_row"),  # 228000 bytes of 232448
+    (58500, torch.float32, 90, "tilelang_stream_row"),  # 234000 bytes
+    (65536, torch.bfloat16, 90, "tilelang_smem_row"),  # 128 KB
+    (65536, torch.bfloat16, 80, "tilelang_smem_row"),
+    (65536, torch.bfloat16, 86, "tilelang_stream_row"),  # 99 KB budget
+    (81920, torch.float16, 80, "tilelang_smem_row"),  # 160 KB of 163 KB
+    (90000, torch.float16, 80, "tilelang_stream_row"),
+    (32768, torch.float32, 80, "tilelang_smem_row"),
+    (65536, torch.float32, 90, "tilelang_stream_row"),  # 256 KB
+    (262144, torch.bfloat16, 90, "tilelang_stream_row"),
+]
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+@pytest.mark.parametrize("n,dtype,arch,key", EXPECTED)
+def test_region_edges(name, n, dtype, arch, key):
+    assert key_for(name, n, dtype, arch) == key
+
+
+def _log_grid() -> list[int]:
+    """1 .. 262144 log-spaced, with the odd neighbours of every power of two."""
+    lengths = set()
+    for power in range(19):
+        lengths.update({2**power - 1, 2**power, 2**power + 1, 3 * 2**power // 2})
+    return sorted(n for n in lengths if 1 <= n <= 262144)
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_every_length_is_served(name, arch):
+    with simulate_device("cuda:0", arch=arch, **DEVICES[arch]):
+        op = _op(name)
+        for dtype in DTYPES:
+            for n in _log_grid():
+                assert op.key_for(INTERFACE[name], make_call(name, n, dtype)).startswith("tilelang")
+
+
+def test_declarations():
+    for keys in tileops_cuda.KERNELS.values():
+        for key, cls in keys.items():
+            assert cls.supported_archs == {80, 86, 89, 90}
+            assert cls.devices == {"cuda"}
+            assert not cls.general
+            # Preferences only where regions overlap: smem_row inside stream_row's.
+            assert cls.preferred_over == (
+                {"tilelang_stream_row"} if cls.layout == "smem_row" else set()
+            )
+            assert key == f"tilelang_{cls.layout}"
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_float64_is_refused_with_a_reason(name):
+    call = make_call(name, 4096, torch.float64)
+    with simulate_device("cuda:0", arch=90, **DEVICES[90]):
+        for cls in tileops_cuda.KERNELS[OPS[name]].values():
+            assert "float64" in cls.refusal(call)
+
+
+def test_build_identity_holds_what_changes_the_code():
+    with simulate_device("cuda:0", arch=90, **DEVICES[90]):
+        cls = tileops_cuda.norms.LayerNormBlockRow
+        base = make_call("LayerNormFwdOp", 4096, torch.bfloat16)
+        identity = cls.entry_for(base)[0]
+        assert identity[:3] == (90, "bfloat16", 4096)
+        for change in ({"n": 4097}, {"eps": 1e-6}, {"has_bias": False}, {"dtype": torch.float16}):
+            fields = {"n": 4096, "dtype": torch.bfloat16, **change}
+            other = make_call("LayerNormFwdOp", fields.pop("n"), fields.pop("dtype"))
+            other = type(other)(**{**other.__dict__, **fields})
+            assert cls.entry_for(other)[0] != identity
+        # The row count is not part of the call: one entry serves every row count.
+        assert cls.entry_for(make_call("LayerNormFwdOp", 4096, torch.bfloat16))[0] == identity
+
+
+def test_entry_for_does_not_compile():
+    with simulate_device("cuda:0", arch=80, **DEVICES[80]):
+        tileops_cuda.softmax.SoftmaxStreamRow.entry_for(
+            make_call("SoftmaxFwdOp", 99999, torch.float16)
+        )
+    if "tilelang" not in sys.modules:  # other tests of the session may have compiled already
+        assert "tilelang" not in sys.modules

@@ -1,0 +1,52 @@
+"""Compiling TileLang programs, shared by every kernel family, and the disk cache.
+
+tilelang is imported here, inside the functions, never at module import: `import tileops_cuda`
+stays cheap and works where tilelang's native libraries cannot load. Compiled kernels land in
+TileLang's own disk cache (`TILELANG_CACHE_DIR`, default `~/.tilelang/cache`), which publishes
+each entry by an atomic directory rename, so a second process loads instead of compiling.
+
+Processes that build the same kernel at once (one process per GPU) take an exclusive file lock
+per kernel in `<cache dir>/tileops-locks/`: the first compiles and publishes, the others wait
+and then load the published entry. The lock files are empty and may be deleted at any time.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+from collections.abc import Callable
+from typing import Any
+
+LOCK_DIR = "tileops-locks"
+
+
+def cuda_target(arch: int) -> dict[str, str]:
+    """TileLang's target for compute capability `arch` (80 -> sm_80); it refuses strings."""
+    return {"kind": "cuda", "arch": f"sm_{arch}"}
+
+
+def cache_dir() -> str:
+    """Where TileLang caches compiled kernels in this process."""
+    from tilelang.env import env
+
+    return os.path.expanduser(env.TILELANG_CACHE_DIR)
+
+
+def build_program(name: str, program: Callable[[], Any], arch: int) -> Any:
+    """Compile `program()` (a TileLang prim_func factory) for sm_`arch`, once across processes.
+
+    `name` identifies the kernel (family and build identity); it names the lock only, the cache
+    key is TileLang's own (the program text, target and compiler versions).
+    """
+    import tilelang
+
+    lock_dir = os.path.join(cache_dir(), LOCK_DIR)
+    os.makedirs(lock_dir, exist_ok=True)
+    digest = hashlib.sha256(f"{name}/sm_{arch}".encode()).hexdigest()[:24]
+    with open(os.path.join(lock_dir, f"{digest}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return tilelang.compile(program(), target=cuda_target(arch))
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -1,0 +1,229 @@
+"""How row-wise kernels map a row of `n` elements onto threads, and which rows each layout owns.
+
+Shared by the norm and softmax families. Pure arithmetic over the call spec and device facts:
+importing this touches neither tilelang nor a device.
+
+Every layout gives a row to `lanes` threads; each lane handles `chunks` vectors of `vec`
+elements, the vectors of one chunk adjacent across lanes (coalesced). Where the row waits
+between its reduction and its output pass decides the layout:
+
+| layout     | row held in                | rows per block | owns                             |
+|------------|----------------------------|----------------|----------------------------------|
+| warp_rows  | registers of <= 32 lanes   | several        | n <= SHORT_ROW_MAX (1024)        |
+| block_row  | registers of one block     | one            | up to REGISTER_ROW_MAX (16384)   |
+| smem_row   | shared memory of one block | one            | longer rows within the smem budget |
+| stream_row | nowhere: read twice        | one            | every longer row                 |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from tileops import Kernel
+
+from .compile import build_program
+
+ITEMSIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
+DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+# The widest load one thread issues (ld.global.v4.b32): vectors are 16 bytes or a divisor of n.
+VECTOR_BYTES = 16
+WARP = 32
+MAX_THREADS = 1024
+# Threads of a block that holds several short rows: 8 warps keep an SM's schedulers fed while
+# leaving room for 8 such blocks per SM (2048 threads).
+SHORT_BLOCK_THREADS = 256
+# A lane keeps at most this many float32 values of its row in registers: 16 data registers
+# out of the 64 a thread has when 1024 threads share an SM's 64K registers.
+REGISTER_VALUES = 16
+# A warp holds a short row when every lane keeps at most 32 elements (two 16-byte vectors of
+# float32, four of 16-bit types): beyond that one block per row has more lanes to spread over.
+SHORT_ROW_MAX = WARP * 32
+REGISTER_ROW_MAX = MAX_THREADS * REGISTER_VALUES
+# Threads one long row gets (smem_row, stream_row).
+LONG_ROW_THREADS = 1024
+# Registers a lane needs beside the values it keeps: addresses, loop state, the reduction.
+REGISTER_OVERHEAD = 24
+REGISTER_FILE = 65536  # 32-bit registers per SM on sm_80 .. sm_90
+THREADS_PER_SM = {80: 2048, 86: 1536, 89: 1536, 90: 2048}
+# Shared memory a long-row block keeps for its cross-warp reductions (a few float32 per warp).
+REDUCE_SCRATCH_BYTES = 1024
+# Archs the kernels are compiled and checked for; nothing in them needs more than sm_80.
+AMPERE_AND_LATER = frozenset({80, 86, 89, 90})
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """Threads of one row: `lanes` threads per row, `rows` rows per block, `chunks` vectors of
+    `vec` elements per lane; `hold` is where the row waits: registers, shared or nowhere.
+    `blocks_per_sm` is the residency the compiler must leave registers for (launch bounds)."""
+
+    hold: str
+    rows: int
+    lanes: int
+    vec: int
+    chunks: int
+    blocks_per_sm: int = 1
+
+    @property
+    def threads(self) -> int:
+        return self.rows * self.lanes
+
+    @property
+    def padded(self) -> int:
+        """Elements the layout covers: n rounded up to whole chunks."""
+        return self.chunks * self.lanes * self.vec
+
+
+def _pow2_ceil(value: int) -> int:
+    return 1 << max(value - 1, 0).bit_length()
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def vector_width(n: int, dtype: torch.dtype) -> int:
+    """The widest power-of-two vector of at most 16 bytes that divides n (so every row starts
+    aligned: rows are n elements apart)."""
+    vec = VECTOR_BYTES // ITEMSIZE[dtype]
+    while n % vec:
+        vec //= 2
+    return vec
+
+
+def warp_rows_plan(n: int, dtype: torch.dtype) -> RowPlan:
+    """Just enough lanes (at most a warp) that each keeps one to four vectors; the rest of
+    the block's threads take further rows."""
+    vec = vector_width(n, dtype)
+    lanes = min(WARP, _pow2_ceil(_ceil_div(n, vec)))
+    return RowPlan("registers", SHORT_BLOCK_THREADS // lanes, lanes, vec, _ceil_div(n, lanes * vec))
+
+
+def block_row_plan(n: int, dtype: torch.dtype) -> RowPlan:
+    """The fewest threads (at least 4 warps) that keep at most REGISTER_VALUES values each."""
+    vec = vector_width(n, dtype)
+    lanes = min(MAX_THREADS, max(4 * WARP, _pow2_ceil(_ceil_div(n, REGISTER_VALUES))))
+    return RowPlan("registers", 1, lanes, vec, _ceil_div(n, lanes * vec))
+
+
+def long_row_plan(n: int, dtype: torch.dtype, hold: str) -> RowPlan:
+    """A whole block per long row: the most loads in flight for one SM's share of bandwidth."""
+    vec = vector_width(n, dtype)
+    return RowPlan(hold, 1, LONG_ROW_THREADS, vec, _ceil_div(n, LONG_ROW_THREADS * vec))
+
+
+def with_occupancy(plan: RowPlan, call: Any) -> RowPlan:
+    """`plan` with the most blocks per SM that its registers, threads and shared memory allow:
+    while one block reduces or writes, another loads."""
+    kept = plan.chunks * plan.vec if plan.hold == "registers" else plan.vec
+    registers = _ceil_div(kept + REGISTER_OVERHEAD, 8) * 8
+    blocks = min(
+        REGISTER_FILE // (plan.threads * registers),
+        THREADS_PER_SM.get(call.arch, 1536) // plan.threads,
+    )
+    if plan.hold == "shared":
+        blocks = min(blocks, call.smem_budget // smem_bytes(call.n, call.dtype))
+    return dataclasses.replace(plan, blocks_per_sm=max(blocks, 1))
+
+
+def smem_bytes(n: int, dtype: torch.dtype) -> int:
+    """Shared memory a smem_row block needs for a row of n elements."""
+    return long_row_plan(n, dtype, "shared").padded * ITEMSIZE[dtype] + REDUCE_SCRATCH_BYTES
+
+
+class RowKernel(Kernel):
+    """Base of the TileLang row kernels: dtype refusal, build identity and the compiled call.
+
+    Subclasses declare `layout` (which plan), their region (`region_refusal`) and
+    `program(plan, call)`, the TileLang program factory for one build identity.
+    """
+
+    supported_archs = AMPERE_AND_LATER
+    layout: ClassVar[str]
+
+    @classmethod
+    def refusal(cls, call: Any) -> str | None:
+        if call.dtype not in ITEMSIZE:
+            return (
+                f"{call.dtype} is not served: these kernels compute in float32, which would "
+                "lose float64 precision; the torch reference kernels serve it"
+            )
+        return cls.region_refusal(call)
+
+    @classmethod
+    def region_refusal(cls, call: Any) -> str | None:
+        raise NotImplementedError
+
+    @classmethod
+    def plan(cls, call: Any) -> RowPlan:
+        if cls.layout == "warp_rows":
+            plan = warp_rows_plan(call.n, call.dtype)
+        elif cls.layout == "block_row":
+            plan = block_row_plan(call.n, call.dtype)
+        else:
+            hold = "shared" if cls.layout == "smem_row" else "none"
+            plan = long_row_plan(call.n, call.dtype, hold)
+        return with_occupancy(plan, call)
+
+    @classmethod
+    def build_fields(cls, call: Any) -> tuple[Hashable, ...]:
+        """Call-spec fields that change the compiled code besides dtype and n (eps, affine)."""
+        return ()
+
+    @classmethod
+    def entry_for(cls, call: Any) -> tuple[Hashable, Any]:
+        """Identity: arch, dtype, n, the plan (which the device facts shape) and the family's
+        baked-in fields."""
+        plan = cls.plan(call)
+        identity = (call.arch, DTYPE_NAMES[call.dtype], call.n, plan, *cls.build_fields(call))
+
+        def build() -> RowKernel:
+            program = cls.program(plan, call)
+            name = f"{cls.__name__}{identity}"
+            return cls(build_program(name, program, call.arch))
+
+        return identity, build
+
+    @classmethod
+    def program(cls, plan: RowPlan, call: Any) -> Any:
+        raise NotImplementedError
+
+    def __init__(self, compiled: Any) -> None:
+        self.compiled = compiled
+
+
+def long_row_refusal(call: Any, layout: str) -> str | None:
+    """Refusal shared by the long-row layouts: short rows belong to the register layouts."""
+    if call.n <= REGISTER_ROW_MAX:
+        return (
+            f"{layout} serves rows longer than {REGISTER_ROW_MAX} elements; n={call.n} fits in "
+            "registers (warp_rows / block_row)"
+        )
+    return None
+
+
+def smem_row_refusal(call: Any) -> str | None:
+    refusal = long_row_refusal(call, "smem_row")
+    if refusal:
+        return refusal
+    need = smem_bytes(call.n, call.dtype)
+    if need > call.smem_budget:
+        return (
+            f"a row of n={call.n} {DTYPE_NAMES[call.dtype]} needs {need} bytes of shared memory, "
+            f"over this device's {call.smem_budget} per block; stream_row serves it"
+        )
+    return None
+
+
+def register_row_refusal(call: Any, layout: str) -> str | None:
+    """Refusal of warp_rows / block_row: each owns one band of row lengths."""
+    low, high = (0, SHORT_ROW_MAX) if layout == "warp_rows" else (SHORT_ROW_MAX, REGISTER_ROW_MAX)
+    if low < call.n <= high:
+        return None
+    return f"{layout} serves rows of {low + 1} to {high} elements, not n={call.n}"

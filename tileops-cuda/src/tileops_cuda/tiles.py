@@ -1,0 +1,133 @@
+"""TileLang building blocks of the row kernels: per-lane row walks and group reductions.
+
+Imported only from the program factories (inside a build), never at package import.
+"""
+
+from __future__ import annotations
+
+import tilelang.language as T
+
+from .rows import WARP, RowPlan
+
+NEG_INF = float("-inf")
+UNROLL = 8  # chunks in flight per lane in long rows: 8 x 16 bytes x 1024 lanes = 128 KB per SM
+
+
+def chunk_loop(plan: RowPlan):
+    """The loop over a lane's chunks: fully unrolled when the row is kept in registers (the
+    array must be indexed by constants) or short, UNROLL chunks per step otherwise (loads in flight
+    without a long unrolled body)."""
+    if plan.hold == "registers" or plan.chunks <= UNROLL:
+        return T.unroll(plan.chunks)
+    return T.unroll(plan.chunks, annotations={"pragma_unroll_factor": UNROLL})
+
+
+def warps(plan: RowPlan) -> int:
+    return max(plan.lanes // WARP, 1)
+
+
+def reduce_group(value, op: str, plan: RowPlan, scratch, slot: int, lane):
+    """`value` reduced (op "sum" or "max") over the lanes of one row; every lane gets it.
+
+    Lanes of a short row are a power-of-two group inside one warp: xor shuffles stay inside
+    it. A block-wide row adds one shared-memory round between warps (`scratch`: one float32
+    per warp, used by this reduction only).
+    """
+    width = min(plan.lanes, WARP)
+    offsets = [width >> i for i in range(1, width.bit_length())]  # width/2, ..., 1
+    return _reduce_group(value, op == "max", offsets, warps(plan), scratch, slot, lane)
+
+
+@T.macro
+def _reduce_group(value, is_max: bool, offsets: list, nwarps: int, scratch, slot: int, lane):
+    acc = T.alloc_var("float32", init=value)
+    for offset in offsets:
+        if is_max:
+            acc = T.max(acc, T.shfl_xor(acc, offset))
+        else:
+            acc = acc + T.shfl_xor(acc, offset)
+    if nwarps > 1:
+        if lane % WARP == 0:
+            scratch[slot, lane // WARP] = acc
+        T.sync_threads()
+        acc = scratch[slot, 0]
+        for w in T.unroll(1, nwarps):
+            if is_max:
+                acc = T.max(acc, scratch[slot, w])
+            else:
+                acc = acc + scratch[slot, w]
+    return acc
+
+
+def row_store(plan: RowPlan, dtype: str):
+    """Where a lane keeps its row between passes: float32 registers, the block's shared memory
+    in the input dtype (the row at its storage size), or nowhere (None: read X again)."""
+    if plan.hold == "registers":
+        return T.alloc_local((plan.chunks * plan.vec,), "float32")
+    if plan.hold == "shared":
+        return T.alloc_shared((plan.padded,), dtype)
+    return None
+
+
+@T.macro
+def load(X, store, plan: RowPlan, row, lane, k, t):
+    """First pass: the lane's k-th vector of `row` into float32 `t`, kept in `store`."""
+    col = (k * plan.lanes + lane) * plan.vec
+    if plan.hold == "shared":
+        at = (k * plan.lanes + lane) * plan.vec
+        for v in T.vectorized(plan.vec):
+            store[at + v] = X[row, col + v]
+        for v in T.vectorized(plan.vec):
+            t[v] = store[at + v]
+    else:
+        for v in T.vectorized(plan.vec):
+            t[v] = X[row, col + v]
+        if plan.hold == "registers":
+            for v in T.vectorized(plan.vec):
+                store[k * plan.vec + v] = t[v]
+
+
+@T.macro
+def reload(X, store, plan: RowPlan, row, lane, k, t):
+    """Later passes: the same vector again, from where `load` kept it (or from X)."""
+    col = (k * plan.lanes + lane) * plan.vec
+    if plan.hold == "registers":
+        for v in T.vectorized(plan.vec):
+            t[v] = store[k * plan.vec + v]
+    elif plan.hold == "shared":
+        for v in T.vectorized(plan.vec):
+            t[v] = store[col + v]
+    else:
+        for v in T.vectorized(plan.vec):
+            t[v] = X[row, col + v]
+
+
+def prim_func(fn, dtype: str, dtypes: dict[str, str] | None = None, **shapes):
+    """`T.prim_func(fn)` with each parameter a tensor of the shape given here, of `dtype` unless
+    `dtypes` names another (float32 weights beside 16-bit rows, under mixed precision).
+
+    This package uses postponed annotations, which TileLang cannot resolve for a closure's
+    shapes. Each parameter gets its own tensor type: a shared one would bind them to one buffer.
+    """
+    dtypes = dtypes or {}
+    fn.__annotations__ = {
+        name: T.Tensor(shape, dtypes.get(name, dtype)) for name, shape in shapes.items()
+    }
+    return T.prim_func(fn)
+
+
+@T.macro
+def exp_gap(value, top):
+    """exp(value - top), 0 while `top` is still -inf (no finite element seen yet): keeps the
+    online softmax sum free of exp(-inf - (-inf)) = NaN until the row proves all -inf."""
+    return T.if_then_else(top == NEG_INF, 0.0, exp_from(value, top))
+
+
+LOG2E = 1.4426950408889634
+
+
+@T.macro
+def exp_from(value, top):
+    """exp(value - top) as 2^((value - top) * log2 e): one ex2.approx (relative error about
+    2^-22) instead of expf's range reduction; the row max makes the argument <= 0."""
+    return T.exp2((value - top) * LOG2E)
