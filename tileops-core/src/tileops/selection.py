@@ -143,7 +143,7 @@ def judge(
     device_served = any(device_type in c.cls.devices for c in ordered)
     remaining = []
     for cand in ordered:
-        reason = _unavailability(cand, call) or _refusal(op, cand, call)
+        reason = unavailability(cand.cls, call) or _refusal(op, cand, call)
         if reason:
             verdicts[cand.key] = Verdict(cand.key, *reason, cand.source)
         else:
@@ -154,11 +154,12 @@ def judge(
     )
 
 
-def _unavailability(cand: Candidate, call: CallSpec) -> tuple[str, str] | None:
-    devices = cand.cls.devices
+def unavailability(cls: type[Kernel], call: CallSpec) -> tuple[str, str] | None:
+    """(UNAVAILABLE, why) if `cls` cannot run on the call's device, else None."""
+    devices = cls.devices
     if call.device.type not in devices:
         return UNAVAILABLE, f"runs on {', '.join(sorted(devices))}, not {call.device.type}"
-    archs = cand.cls.supported_archs
+    archs = cls.supported_archs
     if archs is not None and call.arch not in archs:
         have = "no architecture" if call.arch is None else f"sm_{call.arch}"
         need = ", ".join(f"sm_{a}" for a in sorted(archs))

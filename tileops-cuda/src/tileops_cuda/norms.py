@@ -15,11 +15,12 @@ from tileops.ops import LayerNormInterface, RMSNormInterface
 
 from .rows import (
     DTYPE_NAMES,
+    BlockRow,
     RowKernel,
     RowPlan,
-    long_row_refusal,
-    register_row_refusal,
-    smem_row_refusal,
+    SmemRow,
+    StreamRow,
+    WarpRows,
 )
 
 # -- LayerNorm -------------------------------------------------------------------------------
@@ -42,45 +43,20 @@ class _LayerNorm(RowKernel, LayerNormInterface):
         return y
 
 
-class LayerNormWarpRows(_LayerNorm):
+class LayerNormWarpRows(WarpRows, _LayerNorm):
     """Short rows: a group of <= 32 lanes per row, several rows per block, row in registers."""
 
-    layout = "warp_rows"
 
-    @classmethod
-    def region_refusal(cls, call: Any) -> str | None:
-        return register_row_refusal(call, cls.layout)
-
-
-class LayerNormBlockRow(_LayerNorm):
+class LayerNormBlockRow(BlockRow, _LayerNorm):
     """Medium rows: one block per row, the row in its threads' registers."""
 
-    layout = "block_row"
 
-    @classmethod
-    def region_refusal(cls, call: Any) -> str | None:
-        return register_row_refusal(call, cls.layout)
-
-
-class LayerNormSmemRow(_LayerNorm):
+class LayerNormSmemRow(SmemRow, _LayerNorm):
     """Long rows that fit the block's shared memory: read once, kept there for the output."""
 
-    layout = "smem_row"
-    preferred_over = {"tilelang_stream_row"}  # one read of x instead of two
 
-    @classmethod
-    def region_refusal(cls, call: Any) -> str | None:
-        return smem_row_refusal(call)
-
-
-class LayerNormStreamRow(_LayerNorm):
+class LayerNormStreamRow(StreamRow, _LayerNorm):
     """Any long row: statistics in one streaming pass (shifted sums), then the output pass."""
-
-    layout = "stream_row"
-
-    @classmethod
-    def region_refusal(cls, call: Any) -> str | None:
-        return long_row_refusal(call, cls.layout)
 
 
 # -- RMSNorm ---------------------------------------------------------------------------------
@@ -104,45 +80,20 @@ class _RMSNorm(RowKernel, RMSNormInterface):
         return y
 
 
-class RMSNormWarpRows(_RMSNorm):
+class RMSNormWarpRows(WarpRows, _RMSNorm):
     """Short rows: a group of <= 32 lanes per row, several rows per block, row in registers."""
 
-    layout = "warp_rows"
 
-    @classmethod
-    def region_refusal(cls, call: Any) -> str | None:
-        return register_row_refusal(call, cls.layout)
-
-
-class RMSNormBlockRow(_RMSNorm):
+class RMSNormBlockRow(BlockRow, _RMSNorm):
     """Medium rows: one block per row, the row in its threads' registers."""
 
-    layout = "block_row"
 
-    @classmethod
-    def region_refusal(cls, call: Any) -> str | None:
-        return register_row_refusal(call, cls.layout)
-
-
-class RMSNormSmemRow(_RMSNorm):
+class RMSNormSmemRow(SmemRow, _RMSNorm):
     """Long rows that fit the block's shared memory: read once, kept there for the output."""
 
-    layout = "smem_row"
-    preferred_over = {"tilelang_stream_row"}  # one read of x instead of two
 
-    @classmethod
-    def region_refusal(cls, call: Any) -> str | None:
-        return smem_row_refusal(call)
-
-
-class RMSNormStreamRow(_RMSNorm):
+class RMSNormStreamRow(StreamRow, _RMSNorm):
     """Any long row: sum of squares in one streaming pass, then the output pass."""
-
-    layout = "stream_row"
-
-    @classmethod
-    def region_refusal(cls, call: Any) -> str | None:
-        return long_row_refusal(call, cls.layout)
 
 
 # -- TileLang programs -----------------------------------------------------------------------

@@ -198,6 +198,50 @@ class RowKernel(Kernel):
         self.compiled = compiled
 
 
+# -- regions: each layout's declarations, shared by every family --------------------------------
+
+
+class WarpRows:
+    """Short rows: a group of <= 32 lanes per row, several rows per block, row in registers."""
+
+    layout: ClassVar[str] = "warp_rows"
+
+    @classmethod
+    def region_refusal(cls, call: Any) -> str | None:
+        return register_row_refusal(call, cls.layout)
+
+
+class BlockRow:
+    """Medium rows: one block per row, the row in its threads' registers."""
+
+    layout: ClassVar[str] = "block_row"
+
+    @classmethod
+    def region_refusal(cls, call: Any) -> str | None:
+        return register_row_refusal(call, cls.layout)
+
+
+class SmemRow:
+    """Long rows that fit the block's shared memory: read once, kept there for the output."""
+
+    layout: ClassVar[str] = "smem_row"
+    preferred_over: ClassVar[frozenset[str]] = frozenset({"tilelang_stream_row"})  # one read
+
+    @classmethod
+    def region_refusal(cls, call: Any) -> str | None:
+        return smem_row_refusal(call)
+
+
+class StreamRow:
+    """Any long row: statistics in a streaming pass, then the output pass (x read twice)."""
+
+    layout: ClassVar[str] = "stream_row"
+
+    @classmethod
+    def region_refusal(cls, call: Any) -> str | None:
+        return long_row_refusal(call, cls.layout)
+
+
 def long_row_refusal(call: Any, layout: str) -> str | None:
     """Refusal shared by the long-row layouts: short rows belong to the register layouts."""
     if call.n <= REGISTER_ROW_MAX:

@@ -15,11 +15,12 @@ from tileops.ops import SoftmaxInterface
 
 from .rows import (
     DTYPE_NAMES,
+    BlockRow,
     RowKernel,
     RowPlan,
-    long_row_refusal,
-    register_row_refusal,
-    smem_row_refusal,
+    SmemRow,
+    StreamRow,
+    WarpRows,
 )
 
 
@@ -34,45 +35,20 @@ class _Softmax(RowKernel, SoftmaxInterface):
         return y
 
 
-class SoftmaxWarpRows(_Softmax):
+class SoftmaxWarpRows(WarpRows, _Softmax):
     """Short rows: a group of <= 32 lanes per row, several rows per block, row in registers."""
 
-    layout = "warp_rows"
 
-    @classmethod
-    def region_refusal(cls, call: Any) -> str | None:
-        return register_row_refusal(call, cls.layout)
-
-
-class SoftmaxBlockRow(_Softmax):
+class SoftmaxBlockRow(BlockRow, _Softmax):
     """Medium rows: one block per row, the row (then its exponentials) in registers."""
 
-    layout = "block_row"
 
-    @classmethod
-    def region_refusal(cls, call: Any) -> str | None:
-        return register_row_refusal(call, cls.layout)
-
-
-class SoftmaxSmemRow(_Softmax):
+class SoftmaxSmemRow(SmemRow, _Softmax):
     """Long rows that fit the block's shared memory: read once, kept there for the output."""
 
-    layout = "smem_row"
-    preferred_over = {"tilelang_stream_row"}  # one read of x instead of two
 
-    @classmethod
-    def region_refusal(cls, call: Any) -> str | None:
-        return smem_row_refusal(call)
-
-
-class SoftmaxStreamRow(_Softmax):
+class SoftmaxStreamRow(StreamRow, _Softmax):
     """Any long row: running max and rescaled sum in one streaming pass, then the output."""
-
-    layout = "stream_row"
-
-    @classmethod
-    def region_refusal(cls, call: Any) -> str | None:
-        return long_row_refusal(call, cls.layout)
 
 
 # -- TileLang programs -----------------------------------------------------------------------

@@ -8,9 +8,11 @@ from typing import Any
 
 import torch
 
+from ..call import CallSpec
 from ..candidates import check_registration
 from ..errors import AmbiguousTargetError, BackendError, UnknownTargetError
 from ..provenance import caller_source
+from ..selection import unavailability
 from ..signature import TensorSpec
 from .plugins import LOADER, PROTOCOL_VERSION, BackendInfo, LoadFailure, failure_note, hookimpl
 from .registry import BUILTIN, REGISTRY, Builder, Detector, Registration
@@ -27,6 +29,7 @@ __all__ = [
     "backends",
     "default_target",
     "hookimpl",
+    "key_serves",
     "load_failures",
     "register_detector",
     "register_kernel_builder",
@@ -125,6 +128,19 @@ def registered_targets() -> list[str]:
     """Names of every target that registered a detector or a builder, sorted."""
     LOADER.ensure_loaded()
     return REGISTRY.targets()
+
+
+def key_serves(op: type | str, key: str, call: CallSpec) -> bool:
+    """Whether `op`'s kernel under `key` (its own or a backend's) is installed, available on
+    the call's device and does not refuse `call`: for a backend whose kernel steps aside where
+    another backend's serves, without knowing that backend's classes."""
+    LOADER.ensure_loaded()
+    op_cls = REGISTRY.op_class(op)
+    registration = REGISTRY.kernel_types(op_cls).get(key)
+    cls = op_cls.kernel_types.get(key) or (registration and registration.cls)
+    if cls is None:
+        return False
+    return unavailability(cls, call) is None and cls.refusal(call) is None
 
 
 def load_failures() -> list[str]:

@@ -35,9 +35,10 @@ class LayerNormInterface(KernelInterface):
 
     Layout contract: `x` is a contiguous (rows, n) tensor (the op flattened the normalized dims
     and the leading batch dims); `weight` and `bias` are contiguous (n,) tensors of
-    `call.param_dtype` (x's dtype, or float32 beside a 16-bit x under mixed precision), or None.
-    A kernel that reads only x's dtype refuses the mixed calls. The variance is biased. Return a contiguous (rows, n) tensor of x's dtype; the op
-    restores the caller's shape. Calls with rows == 0 or n == 0 never reach a kernel.
+    `call.param_dtype` (x's dtype, or float32 beside a 16-bit x under mixed precision), or None;
+    a kernel that reads only x's dtype refuses the mixed calls. The variance is biased. Return
+    a contiguous (rows, n) tensor of x's dtype; the op restores the caller's shape. Calls with
+    rows == 0 or n == 0 never reach a kernel.
     """
 
     call_spec = LayerNormCall

@@ -1,0 +1,167 @@
+"""Declarations of the Triton kernel classes on simulated devices: Triton alone serves every
+call on any CUDA arch; beside tileops-cuda it steps aside wherever a TileLang kernel serves,
+except in measured regions; float64 is refused with a reason."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from triton_kit import STAND_IN_REGIONS, TRITON, measured_faster
+
+from tileops.ops import (
+    GemmCall,
+    GemmOp,
+    LayerNormCall,
+    LayerNormFwdOp,
+    RMSNormCall,
+    RMSNormFwdOp,
+    SoftmaxCall,
+    SoftmaxFwdOp,
+)
+from tileops.testing import simulate_device
+from tileops_triton import norms
+from tileops_triton.declare import CUDA_ROW_KEYS, FasterRegion
+
+H200 = {"arch": 90, "sm_count": 132, "calibration": "NVIDIA H200", "smem_budget": 232448}
+T4 = {"arch": 75, "sm_count": 40, "calibration": "Tesla T4", "smem_budget": 65536}
+BLACKWELL = {"arch": 120, "sm_count": 84, "calibration": "RTX 5090", "smem_budget": 101376}
+DEVICES = {"sm_90": H200, "sm_75": T4, "sm_120": BLACKWELL}
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+ROW_LENGTHS = (1, 7, 1024, 1025, 4096, 16384, 16385, 65536, 1 << 20)
+CUDA = torch.device("cuda:0")
+
+
+def row_calls(n: int, dtype: torch.dtype, device: torch.device = CUDA) -> dict:
+    """(op, interface, call) for each row-wise op at row length n."""
+    return {
+        LayerNormFwdOp: ("layer_norm", LayerNormCall(
+            device=device, n=n, eps=1e-5, dtype=dtype, has_weight=True, has_bias=False)),
+        RMSNormFwdOp: ("rms_norm", RMSNormCall(
+            device=device, n=n, eps=1e-6, dtype=dtype, has_weight=True)),
+        SoftmaxFwdOp: ("softmax", SoftmaxCall(device=device, n=n, dtype=dtype)),
+    }  # fmt: skip
+
+
+def gemm_call(m: int, n: int, k: int, dtype: torch.dtype) -> tuple:
+    return "gemm", GemmCall(device=CUDA, m=m, n=n, k=k, dtype=dtype)
+
+
+def new_op(op_cls: type):
+    return op_cls() if op_cls in (SoftmaxFwdOp, GemmOp) else op_cls(8)
+
+
+@pytest.mark.parametrize("facts", DEVICES.values(), ids=DEVICES.keys())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_alone_triton_serves_every_row_call_on_every_arch(triton_alone, facts, dtype) -> None:
+    with simulate_device(CUDA, **facts):
+        for n in ROW_LENGTHS:
+            for op_cls, (interface, call) in row_calls(n, dtype).items():
+                assert new_op(op_cls).key_for(interface, call) == "triton"
+
+
+@pytest.mark.parametrize("facts", DEVICES.values(), ids=DEVICES.keys())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 4096, 4096), (4096, 4096, 4096), (3, 5, 0), (65, 1, 7)])
+def test_alone_triton_serves_every_gemm(triton_alone, facts, dtype, shape) -> None:
+    with simulate_device(CUDA, **facts):
+        assert GemmOp().key_for(*gemm_call(*shape, dtype)) == "triton"
+
+
+@pytest.mark.parametrize("op_cls", list(TRITON))
+def test_float64_is_refused_and_left_to_the_reference(triton_alone, op_cls) -> None:
+    if op_cls is GemmOp:
+        interface, call = gemm_call(8, 8, 8, torch.float64)
+    else:
+        interface, call = row_calls(64, torch.float64)[op_cls]
+    with simulate_device(CUDA, **H200):
+        explanation = new_op(op_cls).explain(interface, call)
+        assert explanation.verdict("triton") == "refused"
+        assert "not torch.float64" in explanation.text
+        assert "reference kernels serve it" in explanation.text
+        assert new_op(op_cls).key_for(interface, call) == "reference"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_beside_tileops_cuda_tilelang_serves_its_archs(with_cuda_stand_ins, dtype) -> None:
+    with simulate_device(CUDA, **H200):
+        for n in ROW_LENGTHS:
+            for op_cls, (interface, call) in row_calls(n, dtype).items():
+                op, explanation = new_op(op_cls), new_op(op_cls).explain(interface, call)
+                if measured_faster(op_cls, call):
+                    assert op.key_for(interface, call) == "triton"
+                    statuses = {v.status for v in explanation.judgement.verdicts}
+                    assert "outranked" in statuses and "tied" not in statuses
+                else:
+                    assert op.key_for(interface, call) in STAND_IN_REGIONS
+                    assert explanation.verdict("triton") == "refused"
+                    assert "Triton steps aside" in explanation.text
+
+
+@pytest.mark.parametrize(
+    ("op_cls", "n"), [(LayerNormFwdOp, 16384), (RMSNormFwdOp, 12000), (SoftmaxFwdOp, 1024)]
+)
+def test_triton_wins_where_it_measured_faster_on_the_h200_only(with_cuda_stand_ins, op_cls, n):
+    interface, call = row_calls(n, torch.bfloat16)[op_cls]
+    with simulate_device(CUDA, **H200):
+        assert new_op(op_cls).key_for(interface, call) == "triton"
+    with simulate_device(CUDA, **{**H200, "calibration": "NVIDIA H100 80GB HBM3"}):
+        assert new_op(op_cls).key_for(interface, call) in STAND_IN_REGIONS
+    interface, call = row_calls(n, torch.float32)[op_cls]
+    with simulate_device(CUDA, **H200):
+        assert new_op(op_cls).key_for(interface, call) in STAND_IN_REGIONS
+
+
+@pytest.mark.parametrize("facts", [T4, BLACKWELL], ids=["sm_75", "sm_120"])
+def test_beside_tileops_cuda_triton_serves_archs_tilelang_lacks(with_cuda_stand_ins, facts):
+    with simulate_device(CUDA, **facts):
+        for n in ROW_LENGTHS:
+            for op_cls, (interface, call) in row_calls(n, torch.bfloat16).items():
+                assert new_op(op_cls).key_for(interface, call) == "triton"
+
+
+def test_beside_tileops_cuda_triton_keeps_gemm(with_cuda_stand_ins) -> None:
+    with simulate_device(CUDA, **H200):
+        assert GemmOp().key_for(*gemm_call(64, 64, 64, torch.bfloat16)) == "triton"
+
+
+def test_a_measured_region_makes_triton_win_on_the_h200_only(with_cuda_stand_ins, monkeypatch):
+    region = FasterRegion(torch.bfloat16, 2048, 4096)
+    monkeypatch.setattr(norms, "LAYER_NORM_FASTER", (region,))
+    op = LayerNormFwdOp(8)
+    inside, outside = (row_calls(n, torch.bfloat16)[LayerNormFwdOp] for n in (3000, 8192))
+    with simulate_device(CUDA, **H200):
+        assert op.key_for(*inside) == "triton"
+        assert op.key_for(*outside) == "tilelang_block_row"
+    with simulate_device(CUDA, **{**H200, "calibration": "NVIDIA A100-SXM4-80GB", "arch": 80}):
+        assert op.key_for(*inside) == "tilelang_block_row"
+
+
+def test_triton_names_every_tileops_cuda_row_key() -> None:
+    for op_cls in (LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp):
+        assert CUDA_ROW_KEYS <= TRITON[op_cls][1].preferred_over
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tileops_cuda") is None, reason="tileops-cuda is not installed"
+)
+@pytest.mark.parametrize("facts", DEVICES.values(), ids=DEVICES.keys())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_with_the_real_tileops_cuda_dispatch_is_never_ambiguous(facts, dtype) -> None:
+    import tileops_cuda  # noqa: F401  (registers its kernels if the loader has not)
+
+    with simulate_device(CUDA, **facts):
+        for n in ROW_LENGTHS:
+            for op_cls, (interface, call) in row_calls(n, dtype).items():
+                key = new_op(op_cls).key_for(interface, call)
+                cuda_arch = facts["arch"] in (80, 86, 89, 90)
+                expected_cuda = cuda_arch and not measured_faster(op_cls, call)
+                assert (key in CUDA_ROW_KEYS) == expected_cuda, (op_cls, n, key)
+
+
+def test_cpu_is_served_only_under_the_interpreter(triton_alone) -> None:
+    from tileops_triton.declare import INTERPRETING
+
+    interface, call = row_calls(64, torch.float32, torch.device("cpu"))[SoftmaxFwdOp]
+    assert SoftmaxFwdOp().key_for(interface, call) == ("triton" if INTERPRETING else "reference")

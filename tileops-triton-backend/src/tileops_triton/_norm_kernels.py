@@ -1,0 +1,107 @@
+"""Triton programs of LayerNorm and RMSNorm (imported on first build: it imports triton).
+
+Two shapes of program per norm, both computing in float32:
+- fused: a tile of ROWS whole rows in registers, one read and one write of each element;
+- looped: one row per program in CHUNK-wide slices, for rows too long for registers: a
+  statistics pass, then a normalizing pass that walks the row backwards, so it starts on the
+  slices the first pass read last, which are still in L2.
+Offsets are int64: rows * n may exceed 2**31.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _affine(y, W, B, cols, mask, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
+    if HAS_W:
+        y = y * tl.load(W + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    if HAS_B:
+        y = y + tl.load(B + cols, mask=mask, other=0.0, eviction_policy="evict_last").to(tl.float32)
+    return y
+
+
+@triton.jit
+def layer_norm_fused(
+    X, W, B, Y, rows, n, eps,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+):  # fmt: skip
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    mask = (r[:, None] < rows) & (cols[None, :] < n)
+    offs = r[:, None] * n + cols[None, :]
+    x = tl.load(X + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    mean = tl.sum(x, axis=1) / n
+    d = tl.where(mask, x - mean[:, None], 0.0)
+    rstd = tl.rsqrt(tl.sum(d * d, axis=1) / n + eps)
+    y = _affine(d * rstd[:, None], W, B, cols[None, :], cols[None, :] < n, HAS_W, HAS_B)
+    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def layer_norm_looped(
+    X, W, B, Y, n, eps, CHUNK: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    x_row, y_row = X + row * n, Y + row * n
+    cols = tl.arange(0, CHUNK)
+    # Sums of x - shift, shift the first slice's mean: no cancellation for rows far from 0.
+    first = tl.load(x_row + cols, mask=cols < n, other=0.0).to(tl.float32)
+    shift = tl.sum(first, axis=0) / tl.minimum(n, CHUNK)
+    s1 = tl.zeros([CHUNK], tl.float32)
+    s2 = tl.zeros([CHUNK], tl.float32)
+    for start in range(0, n, CHUNK):
+        mask = start + cols < n
+        x = tl.load(x_row + start + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+        d = tl.where(mask, x.to(tl.float32) - shift, 0.0)
+        s1 += d
+        s2 += d * d
+    mean_d = tl.sum(s1, axis=0) / n
+    var = tl.maximum(tl.sum(s2, axis=0) / n - mean_d * mean_d, 0.0)
+    mean = shift + mean_d
+    rstd = tl.rsqrt(var + eps)
+    slices = tl.cdiv(n, CHUNK)
+    for i in range(0, slices):
+        start = (slices - 1 - i) * CHUNK
+        mask = start + cols < n
+        x = tl.load(x_row + start + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+        y = (x.to(tl.float32) - mean) * rstd
+        y = _affine(y, W + start, B + start, cols, mask, HAS_W, HAS_B)
+        tl.store(y_row + start + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def rms_norm_fused(
+    X, W, Y, rows, n, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_W: tl.constexpr
+):
+    r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    mask = (r[:, None] < rows) & (cols[None, :] < n)
+    offs = r[:, None] * n + cols[None, :]
+    x = tl.load(X + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n + eps)
+    y = _affine(x * rstd[:, None], W, W, cols[None, :], cols[None, :] < n, HAS_W, False)
+    tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def rms_norm_looped(X, W, Y, n, eps, CHUNK: tl.constexpr, HAS_W: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    x_row, y_row = X + row * n, Y + row * n
+    cols = tl.arange(0, CHUNK)
+    s2 = tl.zeros([CHUNK], tl.float32)
+    for start in range(0, n, CHUNK):
+        mask = start + cols < n
+        x = tl.load(x_row + start + cols, mask=mask, other=0.0, eviction_policy="evict_last")
+        x = x.to(tl.float32)
+        s2 += x * x
+    rstd = tl.rsqrt(tl.sum(s2, axis=0) / n + eps)
+    slices = tl.cdiv(n, CHUNK)
+    for i in range(0, slices):
+        start = (slices - 1 - i) * CHUNK
+        mask = start + cols < n
+        x = tl.load(x_row + start + cols, mask=mask, other=0.0, eviction_policy="evict_first")
+        y = _affine(x.to(tl.float32) * rstd, W + start, W, cols, mask, HAS_W, False)
+        tl.store(y_row + start + cols, y.to(Y.dtype.element_ty), mask=mask)

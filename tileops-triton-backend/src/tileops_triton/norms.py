@@ -1,0 +1,157 @@
+"""Triton LayerNorm and RMSNorm: kernel classes for the ops' interfaces, and their launchers.
+
+The launchers take (rows, n) tensors and an output buffer, so the kernel classes (which return
+a new tensor) and the triton target (which writes the op's output) share them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import torch
+
+from tileops import Kernel
+from tileops.kernel import Build
+from tileops.ops import (
+    LayerNormCall,
+    LayerNormFwdOp,
+    LayerNormInterface,
+    RMSNormCall,
+    RMSNormFwdOp,
+    RMSNormInterface,
+)
+
+from .declare import CUDA_ROW_KEYS, DEVICES, FasterRegion, deferral, dtype_refusal
+from .rows import RowPlan, row_plan
+
+LAYER_NORM_KEY = "triton"
+RMS_NORM_KEY = "triton"
+
+# Where Triton measured faster than the tileops-cuda kernel serving the call, on the H200:
+# benchmarks/norms_h200.py, 2026-11-29, bf16, 2**26 elements, % of copy bandwidth; TileLang
+# from results/norms_h200_bf16_first.md, Triton from the same script with tileops-cuda disabled.
+# N=16K: LayerNorm 88.9 vs 54.5 (tilelang_block_row), RMSNorm 95.8 vs 69.8. Not faster at 1K
+# (LayerNorm 101.8 vs 100.1, RMSNorm 100.7 vs 100.6: a tie) nor 64K (66.4 vs 73.7, 68.0 vs 86.3
+# for tilelang_smem_row). The region is the rows Triton runs with the plan measured at 16K.
+LAYER_NORM_FASTER = (FasterRegion(torch.bfloat16, 8193, 16384),)
+RMS_NORM_FASTER = (FasterRegion(torch.bfloat16, 8193, 16384),)
+
+
+class TritonLayerNorm(Kernel, LayerNormInterface):
+    """Every float16/bfloat16/float32 LayerNorm call, any n, on any CUDA device Triton runs on."""
+
+    devices = DEVICES
+    supported_archs = None
+    # Over tileops-cuda only inside LAYER_NORM_FASTER: everywhere else the refusal defers.
+    preferred_over = frozenset({"reference", *CUDA_ROW_KEYS})
+
+    @classmethod
+    def refusal(cls, call: LayerNormCall) -> str | None:
+        return dtype_refusal(call.dtype) or deferral(
+            LayerNormFwdOp, CUDA_ROW_KEYS, LAYER_NORM_FASTER, call
+        )
+
+    @classmethod
+    def entry_for(cls, call: LayerNormCall) -> tuple[Hashable, Build]:
+        identity = (call.n, call.eps)
+        return identity, lambda: cls(*identity)
+
+    def __init__(self, n: int, eps: float) -> None:
+        self.plan = row_plan(n)
+        self.eps = eps
+
+    def forward(
+        self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        out = torch.empty_like(x)
+        self.into(x, weight, bias, out)
+        return out
+
+    def into(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        out: torch.Tensor,
+    ) -> None:
+        layer_norm(self.plan, x, weight, bias, self.eps, out)
+
+
+class TritonRMSNorm(Kernel, RMSNormInterface):
+    """Every float16/bfloat16/float32 RMSNorm call, any n, on any CUDA device Triton runs on."""
+
+    devices = DEVICES
+    supported_archs = None
+    # Over tileops-cuda only inside RMS_NORM_FASTER: everywhere else the refusal defers.
+    preferred_over = frozenset({"reference", *CUDA_ROW_KEYS})
+
+    @classmethod
+    def refusal(cls, call: RMSNormCall) -> str | None:
+        return dtype_refusal(call.dtype) or deferral(
+            RMSNormFwdOp, CUDA_ROW_KEYS, RMS_NORM_FASTER, call
+        )
+
+    @classmethod
+    def entry_for(cls, call: RMSNormCall) -> tuple[Hashable, Build]:
+        identity = (call.n, call.eps)
+        return identity, lambda: cls(*identity)
+
+    def __init__(self, n: int, eps: float) -> None:
+        self.plan = row_plan(n)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        out = torch.empty_like(x)
+        self.into(x, weight, out)
+        return out
+
+    def into(self, x: torch.Tensor, weight: torch.Tensor | None, out: torch.Tensor) -> None:
+        rms_norm(self.plan, x, weight, self.eps, out)
+
+
+def layer_norm(
+    plan: RowPlan,
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+    out: torch.Tensor,
+) -> None:
+    """Write LayerNorm of the contiguous (rows, n) `x` into `out` of the same layout."""
+    from . import _norm_kernels as programs
+
+    rows, n = x.shape
+    flags = {"HAS_W": weight is not None, "HAS_B": bias is not None}
+    w, b = _or(weight, x), _or(bias, x)  # absent vectors: any pointer, never read
+    if plan.fused:
+        programs.layer_norm_fused[plan.grid(rows)](
+            x, w, b, out, rows, n, eps, ROWS=plan.rows, BLOCK=plan.block, **flags,
+            num_warps=plan.warps,
+        )  # fmt: skip
+    else:
+        programs.layer_norm_looped[(rows,)](
+            x, w, b, out, n, eps, CHUNK=plan.block, **flags, num_warps=plan.warps
+        )
+
+
+def rms_norm(
+    plan: RowPlan, x: torch.Tensor, weight: torch.Tensor | None, eps: float, out: torch.Tensor
+) -> None:
+    """Write RMSNorm of the contiguous (rows, n) `x` into `out` of the same layout."""
+    from . import _norm_kernels as programs
+
+    rows, n = x.shape
+    w, has_w = _or(weight, x), weight is not None
+    if plan.fused:
+        programs.rms_norm_fused[plan.grid(rows)](
+            x, w, out, rows, n, eps, ROWS=plan.rows, BLOCK=plan.block, HAS_W=has_w,
+            num_warps=plan.warps,
+        )  # fmt: skip
+    else:
+        programs.rms_norm_looped[(rows,)](
+            x, w, out, n, eps, CHUNK=plan.block, HAS_W=has_w, num_warps=plan.warps
+        )
+
+
+def _or(t: torch.Tensor | None, fallback: torch.Tensor) -> torch.Tensor:
+    return fallback if t is None else t

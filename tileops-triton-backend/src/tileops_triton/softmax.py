@@ -1,0 +1,64 @@
+"""Triton softmax: a kernel class for SoftmaxFwdOp's interface, and its launcher."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import torch
+
+from tileops import Kernel
+from tileops.kernel import Build
+from tileops.ops import SoftmaxCall, SoftmaxFwdOp, SoftmaxInterface
+
+from .declare import CUDA_ROW_KEYS, DEVICES, FasterRegion, deferral, dtype_refusal
+from .rows import RowPlan, row_plan
+
+KEY = "triton"
+
+# Where Triton measured faster than the tileops-cuda kernel serving the call, on the H200:
+# benchmarks/norms_h200.py, 2026-11-29, bf16, 2**26 elements, % of copy bandwidth; TileLang
+# from results/norms_h200_bf16_first.md, Triton from the same script with tileops-cuda disabled.
+# N=1K: 98.3 vs 72.9 (tilelang_warp_rows); 16K: 83.1 vs 55.8 (tilelang_block_row); between
+# them Triton ran at 96.8-97.6 (4K, 8K), at the ceiling. 64K: 64.0 vs 60.8, too close to claim.
+FASTER = (FasterRegion(torch.bfloat16, 1024, 16384),)
+
+
+class TritonSoftmax(Kernel, SoftmaxInterface):
+    """Every float16/bfloat16/float32 softmax call, any n, on any CUDA device Triton runs on."""
+
+    devices = DEVICES
+    supported_archs = None
+    # Over tileops-cuda only inside FASTER: everywhere else the refusal defers.
+    preferred_over = frozenset({"reference", *CUDA_ROW_KEYS})
+
+    @classmethod
+    def refusal(cls, call: SoftmaxCall) -> str | None:
+        return dtype_refusal(call.dtype) or deferral(SoftmaxFwdOp, CUDA_ROW_KEYS, FASTER, call)
+
+    @classmethod
+    def entry_for(cls, call: SoftmaxCall) -> tuple[Hashable, Build]:
+        return (call.n,), lambda: cls(call.n)
+
+    def __init__(self, n: int) -> None:
+        self.plan = row_plan(n)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        self.into(x, out)
+        return out
+
+    def into(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        softmax(self.plan, x, out)
+
+
+def softmax(plan: RowPlan, x: torch.Tensor, out: torch.Tensor) -> None:
+    """Write the softmax of each row of the contiguous (rows, n) `x` into `out`."""
+    from . import _softmax_kernels as programs
+
+    rows, n = x.shape
+    if plan.fused:
+        programs.softmax_fused[plan.grid(rows)](
+            x, out, rows, n, ROWS=plan.rows, BLOCK=plan.block, num_warps=plan.warps
+        )
+    else:
+        programs.softmax_looped[(rows,)](x, out, n, CHUNK=plan.block, num_warps=plan.warps)

@@ -1,0 +1,133 @@
+"""Target "triton": Triton kernels for every call of LayerNorm, RMSNorm, softmax and GEMM ops
+settled on it (`Op(..., target="triton")` or `set_default_target("triton")`).
+
+A target sees the op's signature: inputs of any leading shape (contiguous, on the call device),
+params by keyword, and output buffers to write. Each builder makes the call spec the op's own
+path would make and builds the matching kernel class through its `entry_for`, so the target and
+the kernel types share launch plans and tuned configs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+from tileops.backend import TensorSpec
+from tileops.errors import OpNotAvailableError
+from tileops.ops import GemmCall, LayerNormCall, RMSNormCall, SoftmaxCall
+from tileops.ops.norm.rms_norm import DEFAULT_EPS
+
+from .declare import DEVICES, INTERPRETING, dtype_refusal
+from .gemm import TritonGemm
+from .norms import TritonLayerNorm, TritonRMSNorm
+from .softmax import TritonSoftmax
+
+NAME = "triton"
+
+
+def claims_device(device: torch.device) -> bool:
+    """Only ROCm builds of torch, whose "cuda" devices tileops-cuda's kernels cannot run on;
+    elsewhere users opt in, and the op's own kernels (Triton's among them) serve by default."""
+    return device.type == "cuda" and torch.version.hip is not None
+
+
+def build_layer_norm(
+    x: TensorSpec,
+    weight: TensorSpec | None,
+    bias: TensorSpec | None,
+    *,
+    normalized_shape: Sequence[int],
+    eps: float,
+) -> Callable[..., None]:
+    n = _check(x, "LayerNormFwdOp", math.prod(normalized_shape))
+    call = LayerNormCall(
+        device=x.device, n=n, eps=eps, dtype=x.dtype,
+        has_weight=weight is not None, has_bias=bias is not None,
+    )  # fmt: skip
+    kernel = _built(TritonLayerNorm, call)
+
+    def run(x, weight, bias, *, out, **execution):
+        kernel.into(_rows(x, n), _vector(weight, n), _vector(bias, n), _rows(out, n))
+
+    return run
+
+
+def build_rms_norm(
+    x: TensorSpec,
+    weight: TensorSpec | None,
+    *,
+    normalized_shape: Sequence[int],
+    eps: float | None,
+) -> Callable[..., None]:
+    n = _check(x, "RMSNormFwdOp", math.prod(normalized_shape))
+    eps = DEFAULT_EPS[x.dtype] if eps is None else eps
+    call = RMSNormCall(device=x.device, n=n, eps=eps, dtype=x.dtype, has_weight=weight is not None)
+    kernel = _built(TritonRMSNorm, call)
+
+    def run(x, weight, *, out, **execution):
+        kernel.into(_rows(x, n), _vector(weight, n), _rows(out, n))
+
+    return run
+
+
+def build_softmax(x: TensorSpec, *, dim: int) -> Callable[..., None]:
+    rank = len(x.shape)
+    if rank == 0:  # a 0-d x is one element along dim
+        _check(x, "SoftmaxFwdOp", 1)
+        return _fill_one
+    dim %= rank
+    n = _check(x, "SoftmaxFwdOp", x.shape[dim])
+    kernel = _built(TritonSoftmax, SoftmaxCall(device=x.device, n=n, dtype=x.dtype))
+
+    def run(x, *, out, **execution):
+        if dim == rank - 1:
+            kernel.into(_rows(x, n), _rows(out, n))
+            return
+        moved = out.movedim(dim, -1)
+        y = torch.empty_like(moved, memory_format=torch.contiguous_format)
+        kernel.into(_rows(x.movedim(dim, -1).contiguous(), n), _rows(y, n))
+        moved.copy_(y)
+
+    return run
+
+
+def build_gemm(a: TensorSpec, b: TensorSpec) -> Callable[..., None]:
+    (m, k), n = a.shape, b.shape[1]
+    _check(a, "GemmOp", n)
+    kernel = _built(TritonGemm, GemmCall(device=a.device, m=m, n=n, k=k, dtype=a.dtype))
+
+    def run(a, b, *, out, **execution):
+        kernel.into(a, b, out)
+
+    return run
+
+
+def _fill_one(x: torch.Tensor, *, out: torch.Tensor, **execution: object) -> None:
+    out.fill_(1)
+
+
+def _check(x: TensorSpec, op: str, n: int) -> int:
+    """n, after raising for calls no Triton kernel can serve."""
+    reason = dtype_refusal(x.dtype)
+    if x.device.type not in DEVICES:
+        where = "CUDA devices, or CPU under TRITON_INTERPRET=1"
+        reason = f"Triton kernels run on {where}, not {x.device.type!r}"
+        if x.device.type == "cpu" and not INTERPRETING:
+            reason += " (TRITON_INTERPRET=1 was not set when tileops_triton was imported)"
+    if reason:
+        raise OpNotAvailableError(f"{op} on target {NAME!r}: {reason}")
+    return n
+
+
+def _built(cls: type, call: object) -> object:
+    return cls.entry_for(call)[1]()
+
+
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    return t.view(-1, n)
+
+
+def _vector(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    return None if t is None else t.view(n)
