@@ -243,3 +243,22 @@ def test_under_autocast_each_op_behaves_as_its_torch_counterpart(name, dtype):
         expected = reference(*[t.clone() for t in inputs])
     assert out.dtype == expected.dtype
     torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
+
+
+def test_tileops_nn_modules_compile_fullgraph():
+    import tileops.nn as tnn
+
+    model = torch.nn.Sequential(
+        tnn.RMSNorm(16),
+        tnn.Linear(16, 16),
+        tnn.Softmax(dim=-1),
+        tnn.LayerNorm(16),
+        torch.nn.Unflatten(1, (4, 4)),
+        tnn.BatchNorm1d(4),
+    ).eval()
+    x = randn(5, 16)
+    explanation = torch._dynamo.explain(model)(x)
+    assert explanation.graph_break_count == 0
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), model(x))

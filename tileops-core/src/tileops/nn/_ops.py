@@ -9,18 +9,29 @@ pickle and swap class (see kernelize) without any extra state.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from .. import library
 from ..op import Op
 
 # The dtypes the ops' signatures accept (README: "float32, float16, bfloat16 and float64").
 SERVED_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
 
 
+def op_for(op_type: type[Op], device: torch.device, *config: Any) -> Callable[..., Any]:
+    """What calls `op_type(*config)` on tensors of `device`: the shared op instance eagerly;
+    under torch.compile its torch.library operator, so Dynamo never builds an op (locks,
+    backend loading) while it traces. `config` is the op's signature params, in order."""
+    if torch.compiler.is_compiling():
+        return lambda *tensors: library.operator(op_type)(*tensors, *config)
+    return _shared_op(op_type, device, *config)
+
+
 @functools.lru_cache(maxsize=1024)
-def op_for(op_type: type[Op], device: torch.device, *config: Any) -> Op:
+def _shared_op(op_type: type[Op], device: torch.device, *config: Any) -> Op:
     """The shared `op_type(*config)` for calls on `device`: built once per configuration.
 
     Keyed by device too because an op instance settles its target on its first call's device.

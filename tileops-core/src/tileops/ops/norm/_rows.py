@@ -27,9 +27,9 @@ def norm_signature(*affine: str) -> Signature:
     return Signature((x, *params), types, (Output("out", like="x"),))
 
 
-def param_dtype(*params: torch.Tensor | None) -> torch.dtype | None:
+def param_dtype(weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.dtype | None:
     """The dtype of the affine params given (x's, or float32 under mixed precision), or None."""
-    return next((t.dtype for t in params if t is not None), None)
+    return weight.dtype if weight is not None else None if bias is None else bias.dtype
 
 
 class RowNorm:
@@ -42,6 +42,7 @@ class RowNorm:
         self.normalized_shape = shape_param(op, "normalized_shape", normalized_shape)
         self.eps = eps
         self._n = math.prod(self.normalized_shape)
+        self._calls: dict[tuple, CallSpec] = {}
         super().__init__(target=target)
 
     def call_for(self, x: torch.Tensor, *affine: torch.Tensor | None) -> CallSpec:
@@ -51,7 +52,12 @@ class RowNorm:
     def forward(self, x: torch.Tensor, *affine: torch.Tensor | None) -> torch.Tensor:
         n = self._n
         rows = as_rows(x, n)
-        call = self.call_for(x, *affine)
+        # A norm's call spec follows from x's dtype and device and the params' dtypes alone:
+        # remember it per combination rather than build one per call.
+        key = (x.dtype, x.device, *[None if t is None else t.dtype for t in affine])
+        call = self._calls.get(key)
+        if call is None:
+            call = self._calls[key] = self.call_for(x, *affine)
         y = self.call_kernel(
             self.interface_name, call, rows.shape, x.dtype, rows, *[as_vector(t, n) for t in affine]
         )
