@@ -13,11 +13,13 @@ import gc
 import os
 import platform
 import statistics
+import threading
 import time
 import timeit
 
 import torch
 
+import tileops
 from tileops import CallSpec, Kernel, KernelInterface, Op, RMSNormFwdOp
 from tileops.backend import register_kernel_type
 from tileops.ops import RMSNormInterface
@@ -136,6 +138,8 @@ def measure(quick: bool) -> list[tuple[str, float]]:
                 timed("op.kernel_for(I, call)", namespace, number, repeats),
             )
         )
+    namespace["op"] = op
+    rows += controlled_hits(op, namespace, number, repeats)
     for keys in KEY_COUNTS:
         per_call = timed_misses(ops[keys], miss_loops[keys], repeats, first_n=1_000)
         rows.append((f"miss, {keys} keys", per_call))
@@ -150,6 +154,35 @@ class PrebuiltRMSNorm(Kernel, RMSNormInterface):
 
     def forward(self, x, weight):
         return self.out
+
+
+def controlled_hits(op: Op, namespace: dict, number: int, repeats: int) -> list[tuple]:
+    """The same hit while the controls are on: a record in this context, a pin in another
+    thread's context, deterministic algorithms. With none on, a hit reads the plain cache."""
+    stmt = "op.kernel_for(I, call)"
+    rows = []
+    with tileops.record():
+        rows.append(("hit while a record is active", timed(stmt, namespace, number, repeats)))
+    entered, leave = threading.Event(), threading.Event()
+
+    def pin_elsewhere() -> None:
+        with tileops.pinned(type(op), INTERFACE, "fallback"):
+            entered.set()
+            leave.wait()
+
+    worker = threading.Thread(target=pin_elsewhere)
+    worker.start()
+    entered.wait()
+    rows.append(("hit while another thread pins", timed(stmt, namespace, number, repeats)))
+    leave.set()
+    worker.join()
+    torch.use_deterministic_algorithms(True)
+    try:
+        op.kernel_for(INTERFACE, namespace["call"])
+        rows.append(("hit, deterministic algorithms on", timed(stmt, namespace, number, repeats)))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    return rows
 
 
 def whole_op_call(number: int, repeats: int) -> list[tuple[str, float]]:

@@ -25,3 +25,12 @@ def sm90():
 def isolated():
     with isolated_registry():
         yield
+
+
+@pytest.fixture
+def rows_op():
+    """cli_kit's RowsOp, known to the registry, in an isolated registry: plant its kernels."""
+    from cli_kit import rows_op_known
+
+    with isolated_registry(), rows_op_known() as op:
+        yield op

@@ -45,7 +45,7 @@ def test_explain_reports_the_error_dispatch_would_raise(sm80):
     assert report.chosen is None and report.verdict("a") == report.verdict("b") == "tied"
     assert report.text.splitlines()[-1].startswith(
         "=> AmbiguousDispatchError: dispatch_kit::TestOp.unary: dispatch is ambiguous "
-        "between 'a', 'b'"
+        "between 'a' [module dispatch_kit], 'b' [module dispatch_kit]"
     )
     refused = make_op({"a": kernel("a", refuse=lambda c: "no")})().explain(INTERFACE, call())
     assert isinstance(refused.error, NoImplementationError)

@@ -145,6 +145,80 @@ def test_sixteen_bit_stats_match_within_their_precision():
     check_against_torch(BatchNormFwdOp(C, momentum=0.3), args, **TOLERANCES[torch.bfloat16])
 
 
+# -- mixed precision (autocast: 16-bit x, float32 per-channel tensors) -----------------------
+
+HALF = (torch.float16, torch.bfloat16)
+HALF_IDS = ["float16", "bfloat16"]
+
+
+def mixed_inputs(shape, dtype, affine=(True, True), stats=True):
+    """16-bit x beside float32 weight, bias and running stats, as autocast leaves them."""
+    x, *rest = inputs(shape, torch.float32, affine, stats)
+    return (x.to(dtype), *rest)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=HALF_IDS)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("affine", AFFINE.values(), ids=AFFINE.keys())
+@pytest.mark.parametrize("training, stats", [(True, True), (True, False), (False, True)])
+def test_mixed_precision_matches_torch(training, stats, affine, shape, dtype):
+    """Output of x's dtype; running stats stay float32, updated as F.batch_norm updates them."""
+    args = mixed_inputs(shape, dtype, affine, stats)
+    check_against_torch(BatchNormFwdOp(C, training=training), args, **TOLERANCES[dtype])
+    out = BatchNormFwdOp(C, training=training)(*clone(args))
+    assert out.dtype == dtype
+    if stats:
+        assert args[3].dtype == args[4].dtype == torch.float32
+
+
+def test_mixed_precision_running_stats_are_float32_exact():
+    """The float32 running stats get torch's float32 blend, not a 16-bit rounding of it."""
+    args = mixed_inputs((8, C, 16), torch.bfloat16)
+    ours, theirs = clone(args), clone(args)
+    BatchNormFwdOp(C, momentum=0.3)(*ours)
+    x, weight, bias, mean, var = theirs
+    F.batch_norm(x, mean, var, weight, bias, True, 0.3, 1e-5)
+    for got, want in zip(ours[3:], theirs[3:], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_call_spec_carries_the_per_channel_dtype(training):
+    log = []
+    with isolated_registry():
+        interface = "batch_norm_fwd_train" if training else "batch_norm_fwd_infer"
+        install_spy(BatchNormFwdOp, interface, log)
+        op = BatchNormFwdOp(C, training=training)
+        calls = []
+        original = op.kernel_for
+        op.kernel_for = lambda name, call: calls.append(call) or original(name, call)
+        op(*mixed_inputs((4, C, 5), torch.bfloat16))
+        op(*inputs((4, C, 5), torch.bfloat16))
+        op(*inputs((4, C, 5), torch.bfloat16, affine=(False, False), stats=training is False))
+    assert [c.param_dtype for c in calls] == [
+        torch.float32,
+        torch.bfloat16,
+        None if training else torch.bfloat16,
+    ]
+
+
+@pytest.mark.parametrize(
+    "dtypes",
+    [
+        (torch.float32, torch.float32, torch.bfloat16, torch.bfloat16),
+        (torch.bfloat16, None, torch.float32, torch.float32),
+        (torch.float32, torch.bfloat16, None, None),
+    ],
+)
+def test_per_channel_dtypes_must_agree(dtypes):
+    """F.batch_norm refuses a mix (CPU: 'mixed dtype'); the op says which arguments differ."""
+    x, *rest = inputs((4, C, 5), torch.bfloat16)
+    per_channel = [None if d is None else t.to(d) for t, d in zip(rest, dtypes, strict=True)]
+    training = per_channel[2] is None or dtypes[0] != torch.bfloat16
+    with pytest.raises(OpInputError, match="the per-channel arguments mix dtypes"):
+        BatchNormFwdOp(C, training=training)(x, *per_channel)
+
+
 # -- errors --------------------------------------------------------------------------------
 
 X = randn(4, C, 5)

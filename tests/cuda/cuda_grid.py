@@ -1,11 +1,21 @@
-"""Calls the CUDA tests exercise: one or more row lengths per region of every kernel."""
+"""Calls the CUDA tests exercise: one or more row lengths per region of every row kernel, and
+the BatchNorm and GEMM call specs."""
 
 from __future__ import annotations
 
 import torch
 
 import tileops_cuda
-from tileops.ops import LayerNormCall, RMSNormCall, SoftmaxCall
+from tileops.ops import (
+    BatchNormCall,
+    GemmCall,
+    LayerNormCall,
+    LayerNormFwdOp,
+    RMSNormCall,
+    RMSNormFwdOp,
+    SoftmaxCall,
+    SoftmaxFwdOp,
+)
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Per layout: lengths inside its region, its edges, and rows that are no multiple of the
@@ -15,6 +25,13 @@ LENGTHS = {
     "block_row": (1025, 4096, 16384),
     "smem_row": (16385, 65536),
     "stream_row": (65536, 262147),
+}
+ROW_OPS = (LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp)
+# Simulated devices of the selection tests: facts as torch reports them on these boards.
+SIMULATED = {
+    80: {"sm_count": 108, "calibration": "NVIDIA A100-SXM4-80GB", "smem_budget": 166912},
+    86: {"sm_count": 84, "calibration": "NVIDIA RTX A6000", "smem_budget": 101376},
+    90: {"sm_count": 132, "calibration": "NVIDIA H200", "smem_budget": 232448},
 }
 INTERFACES = {"LayerNormFwdOp": "layer_norm", "RMSNormFwdOp": "rms_norm", "SoftmaxFwdOp": "softmax"}
 
@@ -31,9 +48,37 @@ def make_call(op_name: str, n: int, dtype: torch.dtype, device: str = "cuda:0", 
 
 
 def kernel_cases(dtypes=DTYPES):
-    """(op name, key, class, n, dtype) for every kernel and every length of its region."""
-    for op, keys in tileops_cuda.KERNELS.items():
-        for key, cls in keys.items():
+    """(op name, key, class, n, dtype) for every row kernel and every length of its region."""
+    for op in ROW_OPS:
+        for key, cls in tileops_cuda.KERNELS[op].items():
             for n in LENGTHS[cls.layout]:
                 for dtype in dtypes:
                     yield op.__name__, key, cls, n, dtype
+
+
+def bn_call(
+    batch: int,
+    channels: int,
+    spatial: int,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str = "cuda:0",
+    **flags,
+) -> BatchNormCall:
+    """A BatchNorm call with weight, bias and running stats of x's dtype unless `flags` say."""
+    fields = {"has_weight": True, "has_bias": True, "has_running_stats": True, **flags}
+    given = fields["has_weight"] or fields["has_bias"] or fields["has_running_stats"]
+    fields.setdefault("param_dtype", dtype if given else None)
+    return BatchNormCall(
+        device=torch.device(device),
+        batch=batch,
+        channels=channels,
+        spatial=spatial,
+        eps=1e-5,
+        momentum=0.1,
+        dtype=dtype,
+        **fields,
+    )
+
+
+def gemm_call(m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16) -> GemmCall:
+    return GemmCall(device=torch.device("cuda:0"), m=m, n=n, k=k, dtype=dtype)

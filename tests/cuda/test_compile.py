@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_grid import make_call
+from cuda_grid import ROW_OPS, make_call
 
 import tileops_cuda
 from tileops.testing import simulate_device
@@ -23,8 +23,8 @@ REPRESENTATIVE = {
 SMEM_BUDGET = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 CASES = [
     (op, key, cls, arch)
-    for op, keys in tileops_cuda.KERNELS.items()
-    for key, cls in keys.items()
+    for op in ROW_OPS
+    for key, cls in tileops_cuda.KERNELS[op].items()
     for arch in (80, 90)
     if arch in cls.supported_archs
 ]
@@ -75,3 +75,17 @@ def test_mixed_precision_norms_read_float32_weights(op, cls, tilelang_cache):
         source = build().compiled.get_kernel_source()
     assert torch.float32 in identity
     assert "float* __restrict__" in source and "bfloat16_t* __restrict__" in source
+
+
+@pytest.mark.parametrize(
+    "n,dtype", [(32768, torch.float32), (49152, torch.float32), (65535, torch.bfloat16)]
+)
+def test_streamed_layer_norm_lengths_tilelang_once_rejected_compile(n, dtype, tilelang_cache):
+    """Lengths where TileLang 0.1.15's StorageRewrite failed ("Can't fetch the lanes of a
+    scalable vector"): sm_80 streams them (they exceed its shared memory or are odd)."""
+    call = make_call("LayerNormFwdOp", n, dtype)
+    with simulate_device("cuda:0", arch=80, sm_count=108, smem_budget=SMEM_BUDGET[80]):
+        cls = tileops_cuda.norms.LayerNormStreamRow
+        assert cls.refusal(call) is None
+        kernel = cls.entry_for(call)[1]()
+    assert "__global__" in kernel.compiled.get_kernel_source()

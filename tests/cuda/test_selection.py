@@ -6,7 +6,7 @@ import sys
 
 import pytest
 import torch
-from cuda_grid import DTYPES, make_call
+from cuda_grid import DTYPES, ROW_OPS, SIMULATED, make_call
 
 import tileops_cuda
 from tileops.ops import LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
@@ -14,11 +14,7 @@ from tileops.testing import simulate_device
 
 pytestmark = pytest.mark.usefixtures("cuda_kernels_only")
 
-DEVICES = {
-    80: {"sm_count": 108, "calibration": "NVIDIA A100-SXM4-80GB", "smem_budget": 166912},
-    86: {"sm_count": 84, "calibration": "NVIDIA RTX A6000", "smem_budget": 101376},
-    90: {"sm_count": 132, "calibration": "NVIDIA H200", "smem_budget": 232448},
-}
+DEVICES = SIMULATED
 OPS = {"LayerNormFwdOp": LayerNormFwdOp, "RMSNormFwdOp": RMSNormFwdOp, "SoftmaxFwdOp": SoftmaxFwdOp}
 INTERFACE = {"LayerNormFwdOp": "layer_norm", "RMSNormFwdOp": "rms_norm", "SoftmaxFwdOp": "softmax"}
 
@@ -77,8 +73,8 @@ def test_every_length_is_served(name, arch):
 
 
 def test_declarations():
-    for keys in tileops_cuda.KERNELS.values():
-        for key, cls in keys.items():
+    for op in ROW_OPS:
+        for key, cls in tileops_cuda.KERNELS[op].items():
             assert cls.supported_archs == {80, 86, 89, 90}
             assert cls.devices == {"cuda"}
             assert not cls.general

@@ -31,10 +31,18 @@ DISTRIBUTIONS = {
     "sloppy": HERE / "fixtures" / "sloppy",
     "interrupting": HERE / "fixtures" / "interrupting",
     "threaded": HERE / "fixtures" / "threaded",
+    "fastnorm": HERE / "fixtures" / "fastnorm",
 }
 """Short name -> source tree of every distribution the tests install."""
 
-ENV_CONTROLS = ("TILEOPS_BACKENDS", "TILEOPS_DISABLE_BACKENDS")
+ENV_CONTROLS = (
+    "TILEOPS_BACKENDS",
+    "TILEOPS_DISABLE_BACKENDS",
+    "TILEOPS_DENY",
+    "TILEOPS_PIN",
+    "TILEOPS_PREFER",
+    "TILEOPS_STRICT",
+)
 RESULT = "RESULT "
 
 # Prepended to every script: helpers the scripts share.

@@ -134,6 +134,6 @@ def test_the_readme_example_runs_and_its_explain_output_is_current(sites: Sites)
     readme = README.read_text()
     example = re.findall(r"```python\n(.*?)```", readme, flags=re.S)[0]
     sites.python(example + "\nemit(ran=True)", dists=["acme"])
-    args = "explain RMSNormFwdOp rms_norm n=64 eps=1e-6 dtype=float16 has_weight=true".split()
+    args = "explain RMSNormFwdOp --shape 4,64 --dtype float16 --param eps=1e-6".split()
     explained = sites.cli(*args, dists=["acme"]).stdout
     assert explained.strip() in readme

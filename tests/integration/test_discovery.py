@@ -54,9 +54,9 @@ emit(**described, detector_error=detector_error)
 
 def test_tileops_list_shows_the_backend_its_kernel_and_its_target(sites: Sites) -> None:
     out = sites.cli("list", dists=["acme"]).stdout
-    assert "acme (acme-backend 0.1.0) devices: cpu" in out
-    assert re.search(r"RMSNormFwdOp\.rms_norm\n(    .*\n)*    acme +cpu +acme-backend", out), out
-    assert "Targets: acme" in out
+    assert "acme (acme-backend 0.1.0, protocol 1) devices: cpu" in out
+    assert re.search(r"RMSNormFwdOp\.rms_norm .*\n(    .*\n)*    acme +cpu +acme-backend", out), out
+    assert "  acme: serves SoftmaxFwdOp; detector from acme-backend, entry point 'acme'" in out
     assert "Load failures: none" in out
 
 

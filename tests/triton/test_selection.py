@@ -22,7 +22,7 @@ from tileops.ops import (
 )
 from tileops.testing import simulate_device
 from tileops_triton import norms
-from tileops_triton.declare import CUDA_ROW_KEYS, FasterRegion
+from tileops_triton.declare import CUDA_GEMM_KEYS, CUDA_ROW_KEYS, FasterRegion
 
 H200 = {"arch": 90, "sm_count": 132, "calibration": "NVIDIA H200", "smem_budget": 232448}
 T4 = {"arch": 75, "sm_count": 40, "calibration": "Tesla T4", "smem_budget": 65536}
@@ -158,6 +158,23 @@ def test_with_the_real_tileops_cuda_dispatch_is_never_ambiguous(facts, dtype) ->
                 cuda_arch = facts["arch"] in (80, 86, 89, 90)
                 expected_cuda = cuda_arch and not measured_faster(op_cls, call)
                 assert (key in CUDA_ROW_KEYS) == expected_cuda, (op_cls, n, key)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("tileops_cuda") is None, reason="tileops-cuda is not installed"
+)
+@pytest.mark.parametrize("facts", DEVICES.values(), ids=DEVICES.keys())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_with_the_real_tileops_cuda_gemm_is_never_ambiguous(facts, dtype) -> None:
+    """Triton steps aside wherever a TileLang GEMM serves (no measured region yet)."""
+    import tileops_cuda  # noqa: F401  (registers its kernels if the loader has not)
+
+    with simulate_device(CUDA, **facts):
+        for shape in [(1, 4096, 4096), (4096, 4096, 4096), (3, 5, 0), (65, 1, 7)]:
+            key = GemmOp().key_for(*gemm_call(*shape, dtype))
+            cuda_arch = facts["arch"] in (80, 86, 89, 90) and dtype != torch.float32
+            assert (key in CUDA_GEMM_KEYS) == cuda_arch, (shape, key)
+            assert key in CUDA_GEMM_KEYS or key == "triton"
 
 
 def test_cpu_is_served_only_under_the_interpreter(triton_alone) -> None:

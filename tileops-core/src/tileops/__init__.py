@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from . import library as _library
 from .call import CallSpec
+from .control import pinned, prefer
 from .device import DeviceFacts
 from .errors import (
     AmbiguousDispatchError,
     AmbiguousTargetError,
     BackendError,
     CallSpecFieldError,
+    ControlError,
     KernelDeclarationError,
     NoImplementationError,
     OpConfigError,
@@ -24,6 +26,8 @@ from .explain import Explanation
 from .kernel import Kernel, KernelInterface
 from .op import BUILTIN, Op
 from .ops import BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
+from .record import Record, record
+from .requirements import Requirements
 from .signature import Input, Output, Signature, TensorSpec
 
 __version__ = "0.1.0"
@@ -41,6 +45,7 @@ __all__ = [
     "BatchNormFwdOp",
     "CallSpec",
     "CallSpecFieldError",
+    "ControlError",
     "DeviceFacts",
     "Explanation",
     "GemmOp",
@@ -57,10 +62,15 @@ __all__ = [
     "OpNotAvailableError",
     "Output",
     "RMSNormFwdOp",
+    "Record",
+    "Requirements",
     "Signature",
     "SoftmaxFwdOp",
     "TensorSpec",
     "TileOpsError",
     "UnknownOpError",
     "UnknownTargetError",
+    "pinned",
+    "prefer",
+    "record",
 ]

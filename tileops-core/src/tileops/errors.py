@@ -47,6 +47,10 @@ class OpDefinitionError(TileOpsError, TypeError):
     """An op class cannot be defined as written (its unique name is taken by another module)."""
 
 
+class ControlError(TileOpsError, ValueError):
+    """An operator control (pin, prefer, deny) names an op, interface or key that is not there."""
+
+
 class CallSpecFieldError(TileOpsError, TypeError):
     """A call spec field holds a value that cannot key a cache."""
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .errors import KernelDeclarationError
+from .requirements import Requirements
 
 if TYPE_CHECKING:
     from .call import CallSpec
@@ -39,6 +40,8 @@ class Kernel:
     supported_archs: ClassVar[frozenset[int] | None] = None
     general: ClassVar[bool] = False
     preferred_over: ClassVar[frozenset[str]] = frozenset()
+    deterministic: ClassVar[bool] = True  # False: atomics or split reductions of varying order
+    requires: ClassVar[Requirements | None] = None  # what the machine must have to launch it
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -93,8 +96,15 @@ def check_declarations(cls: type, where: str) -> None:
         raise KernelDeclarationError(
             f"{where}: preferred_over must be a set of kernel keys, got {preferred!r}"
         )
-    if not isinstance(cls.general, bool):
-        raise KernelDeclarationError(f"{where}: general must be True or False, got {cls.general!r}")
+    for flag in ("general", "deterministic"):
+        if not isinstance(getattr(cls, flag), bool):
+            raise KernelDeclarationError(
+                f"{where}: {flag} must be True or False, got {getattr(cls, flag)!r}"
+            )
+    if cls.requires is not None and not isinstance(cls.requires, Requirements):
+        raise KernelDeclarationError(
+            f"{where}: requires must be a tileops.Requirements or None, got {cls.requires!r}"
+        )
     if cls.general and preferred:
         raise KernelDeclarationError(
             f"{where} is general and declares preferred_over {sorted(preferred)}; a general "

@@ -18,6 +18,7 @@ from .backend.plugins import LOADER, failure_note
 from .backend.registry import BUILTIN, REGISTRY
 from .call import CallSpec, check_fields
 from .cases import Case
+from .control import SCOPES, current_pin
 from .errors import (
     AmbiguousTargetError,
     BackendError,
@@ -31,6 +32,7 @@ from .signature import BoundCall, ShapePlan, Signature, TensorSpec
 from .table import HIT_LIMIT, KernelTable, remember, table_for
 
 _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
+_deterministic = torch._C._get_deterministic_algorithms
 
 
 class Op:
@@ -65,7 +67,7 @@ class Op:
         LOADER.ensure_loaded()
         self.target = target
         self._table: KernelTable = table_for(type(self))
-        self._hits = self._table.hits
+        SCOPES.attach(self)  # sets _hits: the cache a hit reads (see control.Scopes)
         self._settled: str | None = None
         self._settle_lock = threading.Lock()
         self._target_kernels: dict[tuple, Callable[..., Any]] = {}
@@ -84,9 +86,11 @@ class Op:
         return entry
 
     def key_for(self, interface: str, call: CallSpec) -> str:
-        """The key that would serve `call`, without building anything."""
+        """The key that would serve `call` here and now, without building anything."""
+        if current_pin(type(self), interface) is not None:
+            return self._table.select(interface, call).key
         try:
-            key = self._table.keys.get((interface, call))
+            key = self._table.modes[_deterministic()][1].get((interface, call))
         except TypeError:
             check_fields(call)
             raise

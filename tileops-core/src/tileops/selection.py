@@ -21,13 +21,30 @@ from .errors import (
 )
 from .kernel import Kernel
 
-UNAVAILABLE, REFUSED, OUTRANKED, TIED, CHOSEN = (
+DENIED, UNAVAILABLE, REFUSED, OUTRANKED, TIED, CHOSEN = (
+    "denied",
     "unavailable",
     "refused",
     "outranked",
     "tied",
     "chosen",
 )
+NO_EDGES: Mapping[tuple[str, str], str] = {}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the operator adds to the declarations for one judgement: denied keys (key -> by
+    what), a pinned key and by what, whether only deterministic kernels may run, and the
+    operator's own preference edges ((winner, loser) -> by what)."""
+
+    denied: Mapping[str, str]
+    pin: tuple[str, str] | None
+    deterministic: bool
+    edges: Mapping[tuple[str, str], str]
+
+
+NO_POLICY = Policy({}, None, False, NO_EDGES)
 
 
 @dataclass(frozen=True)
@@ -66,29 +83,55 @@ class Judgement:
         lines = [v.line() for v in self.verdicts] or ["  (no implementations installed)"]
         return "\n".join([head, *lines])
 
+    def _ways_out(self, tied: list[Verdict]) -> str:
+        """The three ways an operator settles an ambiguity, spelled out for these keys."""
+        short = self.op.rpartition("::")[2]
+        first, second = tied[0].key, tied[1].key
+        return (
+            "Settle it without editing either package: prefer one, "
+            f"TILEOPS_PREFER='{short}.{self.interface}={first}>{second}' (or "
+            f"tileops.prefer({short}, {self.interface!r}, {first!r}, {second!r})); or deny one, "
+            f"TILEOPS_DENY='{short}.{self.interface}={second}'; or disable a backend, "
+            "TILEOPS_DISABLE_BACKENDS=<entry point>. Backend authors can declare "
+            "`preferred_over` on one of them."
+        )
+
     def error(self, notes: Iterable[str] = ()) -> Exception:
         """The exception that dispatching this call must raise (only when there is no winner)."""
         tail = "".join(f"\n{note}" for note in notes if note)
         if not self.device_served:
             return OpNotAvailableError(
-                f"{self.op}.{self.interface}: in-tree kernels do not run on "
+                f"{self.op}.{self.interface}: the installed kernels do not run on "
                 f"{self.call.device.type!r}.\n{self.text()}{tail}"
             )
-        tied = [v.key for v in self.verdicts if v.status == TIED]
+        tied = [v for v in self.verdicts if v.status == TIED]
         if tied:
             return AmbiguousDispatchError(
                 f"{self.op}.{self.interface}: dispatch is ambiguous between "
-                f"{', '.join(map(repr, tied))}; none is preferred over the others. Declare "
-                f"`preferred_over` on one of them.\n{self.text()}{tail}"
+                f"{', '.join(f'{v.key!r} [{v.source}]' for v in tied)}; none is preferred over "
+                f"the others. {self._ways_out(tied)}\n{self.text()}{tail}"
             )
         return NoImplementationError(
             f"{self.op}.{self.interface}: no implementation serves this call.\n{self.text()}{tail}"
         )
 
 
-def outranking(candidates: Iterable[Candidate]) -> dict[str, frozenset[str]]:
-    """For each key, every key it is preferred over, directly or transitively."""
+def _direct(
+    candidates: Iterable[Candidate], edges: Mapping[tuple[str, str], str]
+) -> dict[str, set[str]]:
+    """Each key's declared `preferred_over`, plus the operator's edges between installed keys."""
     direct = {c.key: set(c.cls.preferred_over) for c in candidates}
+    for winner, loser in edges:
+        if winner in direct:
+            direct[winner].add(loser)
+    return direct
+
+
+def outranking(
+    candidates: Iterable[Candidate], edges: Mapping[tuple[str, str], str] = NO_EDGES
+) -> dict[str, frozenset[str]]:
+    """For each key, every key it is preferred over, directly or transitively."""
+    direct = _direct(candidates, edges)
     closure: dict[str, frozenset[str]] = {}
     for key in direct:
         seen: set[str] = set()
@@ -102,9 +145,11 @@ def outranking(candidates: Iterable[Candidate]) -> dict[str, frozenset[str]]:
     return closure
 
 
-def find_cycle(candidates: Iterable[Candidate]) -> list[str] | None:
+def find_cycle(
+    candidates: Iterable[Candidate], edges: Mapping[tuple[str, str], str] = NO_EDGES
+) -> list[str] | None:
     """A preference cycle among `candidates` as a list of keys (first repeated last), or None."""
-    direct = {c.key: sorted(c.cls.preferred_over) for c in candidates}
+    direct = {key: sorted(others) for key, others in _direct(candidates, edges).items()}
     state: dict[str, int] = {}
 
     def visit(key: str, path: list[str]) -> list[str] | None:
@@ -135,23 +180,67 @@ def judge(
     candidates: Iterable[Candidate],
     call: CallSpec,
     outranks: Mapping[str, frozenset[str]],
+    policy: Policy = NO_POLICY,
 ) -> Judgement:
-    """Availability, then applicability, then preference, exactly as the spec orders them."""
+    """The operator's denials, then availability, then applicability, then the operator's pin
+    or else preference, exactly as the spec orders them."""
     ordered = sorted(candidates, key=lambda c: c.key)
     verdicts: dict[str, Verdict] = {}
     device_type = call.device.type
     device_served = any(device_type in c.cls.devices for c in ordered)
     remaining = []
     for cand in ordered:
-        reason = unavailability(cand.cls, call) or _refusal(op, cand, call)
+        reason = (
+            _denial(cand, policy)
+            or unavailability(cand.cls, call)
+            or _nondeterminism(cand, policy)
+            or _refusal(op, cand, call)
+        )
         if reason:
             verdicts[cand.key] = Verdict(cand.key, *reason, cand.source)
         else:
             remaining.append(cand)
-    winner = _rank(remaining, outranks, verdicts)
-    return Judgement(
-        op, interface, call, tuple(verdicts[c.key] for c in ordered), winner, device_served
+    if policy.pin is not None:
+        winner = _pinned(remaining, policy.pin, verdicts, ordered)
+    else:
+        winner = _rank(remaining, outranks, verdicts, policy.edges)
+    return Judgement(op, interface, call, _in_order(verdicts, ordered), winner, device_served)
+
+
+def _denial(cand: Candidate, policy: Policy) -> tuple[str, str] | None:
+    origin = policy.denied.get(cand.key)
+    return None if origin is None else (DENIED, f"denied by {origin}")
+
+
+def _nondeterminism(cand: Candidate, policy: Policy) -> tuple[str, str] | None:
+    if not policy.deterministic or cand.cls.deterministic:
+        return None
+    return UNAVAILABLE, (
+        "not deterministic (its reductions' order varies between runs), and "
+        "torch.use_deterministic_algorithms(True) is on"
     )
+
+
+def _pinned(
+    remaining: list[Candidate],
+    pin: tuple[str, str],
+    verdicts: dict[str, Verdict],
+    ordered: list[Candidate],
+) -> Candidate | None:
+    """The pinned key wins if it serves the call; else nothing does (its verdict says why)."""
+    key, origin = pin
+    for cand in remaining:
+        if cand.key == key:
+            verdicts[key] = Verdict(key, CHOSEN, f"pinned by {origin}", cand.source)
+        else:
+            verdicts[cand.key] = Verdict(
+                cand.key, OUTRANKED, f"{key!r} is pinned by {origin}", cand.source
+            )
+    if key in verdicts and verdicts[key].status == CHOSEN:
+        return next(c for c in remaining if c.key == key)
+    if key not in {c.key for c in ordered}:
+        verdicts[key] = Verdict(key, UNAVAILABLE, f"pinned by {origin}, but not installed", "-")
+    return None
 
 
 def unavailability(cls: type[Kernel], call: CallSpec) -> tuple[str, str] | None:
@@ -164,7 +253,8 @@ def unavailability(cls: type[Kernel], call: CallSpec) -> tuple[str, str] | None:
         have = "no architecture" if call.arch is None else f"sm_{call.arch}"
         need = ", ".join(f"sm_{a}" for a in sorted(archs))
         return UNAVAILABLE, f"supports {need}; {call.device} has {have}"
-    return None
+    unmet = cls.requires.unmet() if cls.requires is not None else None
+    return None if unmet is None else (UNAVAILABLE, unmet)
 
 
 def _refusal(op: str, cand: Candidate, call: CallSpec) -> tuple[str, str] | None:
@@ -186,10 +276,19 @@ def _refusal(op: str, cand: Candidate, call: CallSpec) -> tuple[str, str] | None
     return REFUSED, reason
 
 
+def _in_order(verdicts: dict[str, Verdict], ordered: list[Candidate]) -> tuple[Verdict, ...]:
+    """Verdicts in key order, then any for keys not installed (a pinned one)."""
+    installed = [c.key for c in ordered]
+    return tuple(verdicts[k] for k in installed) + tuple(
+        v for k, v in verdicts.items() if k not in installed
+    )
+
+
 def _rank(
     remaining: list[Candidate],
     outranks: Mapping[str, frozenset[str]],
     verdicts: dict[str, Verdict],
+    edges: Mapping[tuple[str, str], str] = NO_EDGES,
 ) -> Candidate | None:
     specific = [c for c in remaining if not c.cls.general]
     generals = [c for c in remaining if c.cls.general]
@@ -203,8 +302,13 @@ def _rank(
     for cand in contenders:
         above = [o.key for o in contenders if cand.key in outranks.get(o.key, ())]
         if above:
+            by = sorted({edges[(o, cand.key)] for o in above if (o, cand.key) in edges})
+            operator = f" (the operator's preference: {', '.join(by)})" if by else ""
             verdicts[cand.key] = Verdict(
-                cand.key, OUTRANKED, f"{', '.join(above)} preferred over it", cand.source
+                cand.key,
+                OUTRANKED,
+                f"{', '.join(above)} preferred over it{operator}",
+                cand.source,
             )
         else:
             top.append(cand)

@@ -9,22 +9,30 @@ Both caches are bounded: an op called with ever-new shapes keeps a flat memory f
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from . import observe
 from .backend.plugins import distributions_serving, failure_note
 from .backend.registry import REGISTRY
 from .call import CallSpec, check_fields
 from .candidates import candidates_of
+from .control import RULES, Scope, current_pin, strict
 from .device import device_slot, on_simulation_change
-from .errors import BackendError, add_note
+from .errors import BackendError, KernelDeclarationError, NoImplementationError, add_note
 from .explain import Explanation
-from .selection import Candidate, Judgement, judge, outranking
+from .record import record_call
+from .selection import REFUSED, Candidate, Judgement, Policy, find_cycle, judge, outranking
 
 if TYPE_CHECKING:
     from .op import Op
+
+LOG = logging.getLogger("tileops.dispatch")
 
 HIT_LIMIT = 4096
 """Calls remembered per op table. Past it the oldest quarter is forgotten: a forgotten call is
@@ -39,12 +47,42 @@ class KernelTable:
         self.op = op_cls.op_name
         self.op_cls = op_cls
         self.candidates = candidates_of(op_cls, REGISTRY.kernel_types(op_cls))
-        self.outranks = {name: outranking(cands) for name, cands in self.candidates.items()}
-        self.hits: dict[tuple[str, CallSpec], Callable[..., Any]] = {}
-        self.keys: dict[tuple[str, CallSpec], str] = {}
+        self.sources = {
+            name: {c.key: c.source for c in cands} for name, cands in self.candidates.items()
+        }
+        self.rules = RULES.for_op(op_cls)
+        self.outranks = {
+            name: self._outranking(name, cands) for name, cands in self.candidates.items()
+        }
+        # Selections per determinism mode (torch.use_deterministic_algorithms off / on):
+        # (hits, keys), each keyed by (interface, call).
+        self.modes: dict[bool, tuple[dict, dict]] = {False: ({}, {}), True: ({}, {})}
+        self.pinned: dict[tuple, Callable[..., Any]] = {}  # (key, det, interface, call)
+        self.fallbacks_seen: set[tuple[str, CallSpec]] = set()
         _live_tables.add(self)
 
-    def judge(self, interface: str, call: CallSpec) -> Judgement:
+    @property
+    def hits(self) -> dict:
+        return self.modes[False][0]
+
+    @property
+    def keys(self) -> dict:
+        return self.modes[False][1]
+
+    def _outranking(self, interface: str, cands: tuple[Candidate, ...]) -> dict:
+        edges = self.rules[interface].edges
+        cycle = find_cycle(cands, edges)
+        if cycle:
+            origins = sorted({edges[e] for e in zip(cycle, cycle[1:], strict=False) if e in edges})
+            raise KernelDeclarationError(
+                f"{self.op}.{interface}: the operator's preferences ({', '.join(origins)}) and "
+                f"the kernels' preferred_over form a cycle: {' -> '.join(cycle)}; drop one"
+            )
+        return outranking(cands, edges)
+
+    def judge(
+        self, interface: str, call: CallSpec, *, pin: str | None = None, det: bool | None = None
+    ) -> Judgement:
         candidates = self.candidates.get(interface)
         if candidates is None:
             raise KeyError(
@@ -52,21 +90,76 @@ class KernelTable:
                 f"{', '.join(sorted(self.candidates))}"
             )
         check_fields(call)
-        return judge(self.op, interface, candidates, call, self.outranks[interface])
+        rules = self.rules[interface]
+        policy = Policy(
+            denied=rules.denied,
+            pin=(pin, "tileops.pinned()") if pin else rules.pin,
+            deterministic=deterministic_mode() if det is None else det,
+            edges=rules.edges,
+        )
+        return judge(self.op, interface, candidates, call, self.outranks[interface], policy)
 
     def select(self, interface: str, call: CallSpec) -> Candidate:
-        judgement = self.judge(interface, call)
+        pin, det = current_pin(self.op_cls, interface), deterministic_mode()
+        judgement = self.judge(interface, call, pin=pin, det=det)
         if judgement.winner is None:
             raise judgement.error(self.notes(call))
-        remember(self.keys, (interface, call), judgement.winner.key, HIT_LIMIT)
+        self._check_fallback(judgement)
+        if pin is None:
+            remember(self.modes[det][1], (interface, call), judgement.winner.key, HIT_LIMIT)
         return judgement.winner
 
     def resolve(self, interface: str, call: CallSpec) -> Callable[..., Any]:
-        """The miss path: select, then build or reuse the entry, then cache it for hits."""
-        winner = self.select(interface, call)
+        """The miss path: select, then build or reuse the entry, then cache it for hits. Every
+        decision is reported here and only here (log line, hook: observe.py); hits never are."""
+        try:
+            winner = self.select(interface, call)
+        except observe.DISPATCH_ERRORS as exc:
+            observe.decided(self.op, interface, call, None, exc)
+            raise
+        observe.decided(self.op, interface, call, winner, None)
         entry = _shared_entry(self.op_cls, interface, winner, call)
-        remember(self.hits, (interface, call), entry, HIT_LIMIT)
+        pin, det = current_pin(self.op_cls, interface), deterministic_mode()
+        if pin is None:
+            remember(self.modes[det][0], (interface, call), entry, HIT_LIMIT)
+        else:
+            remember(self.pinned, (pin, det, interface, call), entry, HIT_LIMIT)
+        record_call(self, interface, call, winner.key)
         return entry
+
+    def scoped_hit(self, key: tuple, scope: Scope, det: bool) -> Callable[..., Any] | None:
+        """A hit while pins or records are active somewhere: this context's pin decides the
+        cache, and its records count the call."""
+        interface, call = key
+        pin = scope.pins.get((self.op_cls, interface))
+        if pin is None:
+            entry, served = self.modes[det][0].get(key), self.modes[det][1].get(key)
+        else:
+            entry, served = self.pinned.get((pin, det, interface, call)), pin
+        if entry is not None and scope.records:
+            record_call(self, interface, call, served)
+        return entry
+
+    def _check_fallback(self, judgement: Judgement) -> None:
+        """A GPU call that only the general fallback serves, because every specialised kernel
+        refused it: say so once per call spec, or refuse under TILEOPS_STRICT=1."""
+        winner, call = judgement.winner, judgement.call
+        if call.device.type != "cuda" or not winner.cls.general:
+            return
+        refused = [v for v in judgement.verdicts if v.status == REFUSED]
+        if not refused:
+            return
+        reasons = "; ".join(f"{v.key} [{v.source}]: {v.reason}" for v in refused)
+        message = (
+            f"{self.op}.{judgement.interface}: only the general fallback {winner.key!r} serves "
+            f"{call!r}; the specialised kernels refused it: {reasons}"
+        )
+        if strict():
+            raise NoImplementationError(f"TILEOPS_STRICT=1: {message}")
+        seen = (judgement.interface, call)
+        if seen not in self.fallbacks_seen:
+            self.fallbacks_seen.add(seen)
+            LOG.warning(message)
 
     def serving(self, interface: str, call: CallSpec) -> str:
         """Which key (and distribution) serves `call`, for messages about its kernel's failures."""
@@ -75,7 +168,7 @@ class KernelTable:
         return f"{key} serving {self.op}.{interface} for {call!r}"
 
     def explain(self, interface: str, call: CallSpec) -> Explanation:
-        judgement = self.judge(interface, call)
+        judgement = self.judge(interface, call, pin=current_pin(self.op_cls, interface))
         error = None if judgement.winner else judgement.error(self.notes(call))
         return Explanation(judgement, self.candidates[interface], error)
 
@@ -90,8 +183,8 @@ class KernelTable:
 
     def forget_device(self, slot: tuple[str, int | None]) -> None:
         """Drop the selections made for calls on the device in `slot`, and only those."""
-        for cache in (self.hits, self.keys):
-            for key in [k for k in list(cache) if device_slot(k[1].device) == slot]:
+        for cache in (*self.modes[False], *self.modes[True], self.pinned):
+            for key in [k for k in list(cache) if device_slot(k[-1].device) == slot]:
                 cache.pop(key, None)
 
 
@@ -122,18 +215,28 @@ def _shared_entry(op_cls: type[Op], interface: str, winner: Candidate, call: Cal
         return entry
     with op_cls._entries_lock:
         lock = op_cls._entry_locks.setdefault(slot, threading.Lock())
+    seconds = None
     with lock:
         entry = op_cls._entries.get(slot)
         if entry is None:
+            started = observe.clock()
             try:
                 entry = build()
             except Exception as exc:
                 add_note(exc, f"raised while {where} (build identity {identity!r})")
                 raise
+            seconds = observe.clock() - started
             remember(op_cls._entries, slot, entry, ENTRY_LIMIT)
     with op_cls._entries_lock:
         op_cls._entry_locks.pop(slot, None)
+    if seconds is not None:  # reported once per build, outside the lock other threads wait on
+        observe.built(op_cls.op_name, interface, winner, identity, seconds)
     return entry
+
+
+def deterministic_mode() -> bool:
+    """Whether torch.use_deterministic_algorithms(True) is on (a C call, no lock)."""
+    return torch._C._get_deterministic_algorithms()
 
 
 def table_for(op_cls: type[Op]) -> KernelTable:

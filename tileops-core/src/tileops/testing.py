@@ -4,8 +4,9 @@ conformance check of a backend's kernels against the reference kernels."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -16,11 +17,13 @@ from .cases import Case
 from .device import DeviceFacts, Simulation, pop_simulation, push_simulation
 from .kernel import Kernel
 from .op import Op
+from .ops._common import sample_case
 
 __all__ = [
     "Case",
     "ConformanceReport",
     "Simulation",
+    "case",
     "check_conformance",
     "isolated_registry",
     "simulate_device",
@@ -101,17 +104,27 @@ def check_conformance(
     target: str | None = None,
     device: torch.device | str = "cpu",
     dtypes: Sequence[torch.dtype] | None = None,
+    cases: Iterable[Case] = (),
 ) -> ConformanceReport:
-    """Run `op_cls` over its sample cases on `device` through `kernel` (a key and class to
-    register) or `target`, and compare every output and written input with the reference
-    kernels on the CPU. Calls the kernel does not serve are counted, not compared."""
+    """Run `op_cls` over its sample cases and `cases` on `device`, through `kernel` (a key and
+    class, registered for the check) or `target`, and compare with the op's own kernels.
+
+    What it covers: every case in every dtype of `dtypes` (default: every dtype the op's first
+    input takes), each output and each input the op writes (BatchNorm's running stats),
+    within `TOLERANCES` of the reference kernels run on the CPU; for a kernel, which calls it
+    actually served (`report.not_served` lists the others, which are not compared). What it
+    does not: refusal sentences, preferences against other backends' keys, speed, autograd.
+    The op's sample cases are few and small and reach none of your kernel's refusal
+    boundaries: pass `cases` (see `case()`) on both sides of each boundary you declare.
+    """
     if (kernel is None) == (target is None):
         raise ValueError("check_conformance: pass exactly one of kernel=(key, cls) or target=")
     subject = f"{op_cls.op_name} via " + (
         f"kernel {kernel[0]!r}" if kernel else f"target {target!r}"
     )
     report = ConformanceReport(subject)
-    calls = [(c, d) for c in op_cls.sample_cases() for d in dtypes or _dtypes(op_cls, c)]
+    every = [*op_cls.sample_cases(), *cases]
+    calls = [(c, d) for c in every for d in dtypes or _dtypes(op_cls, c)]
     cpu = torch.device("cpu")
     with isolated_registry():
         # Expected values come from the op's own kernels alone: withdraw what backends added
@@ -132,6 +145,13 @@ def check_conformance(
             report.checked += 1
             _compare(case, dtype, got, want, report)
     return report
+
+
+def case(params: Mapping[str, Any], *shapes: tuple[int, ...] | None, note: str = "") -> Case:
+    """A conformance case: `op_cls(**params)` called on seeded random float32 CPU inputs of
+    `shapes` (None: leave that optional input out), cast to each dtype checked. For example
+    `case({"normalized_shape": (1025,)}, (4, 1025), (1025,), note="just past 1024")`."""
+    return sample_case(params, *shapes, note=note)
 
 
 def _dtypes(op_cls: type[Op], case: Case) -> list[torch.dtype]:

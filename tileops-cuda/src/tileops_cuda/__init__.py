@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib.metadata import version as _version
 
 from tileops.backend import hookimpl, register_kernel_type
-from tileops.ops import LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
+from tileops.ops import BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
 
 TILEOPS_PROTOCOL = 1
 
@@ -20,7 +20,7 @@ def tileops_backend_info() -> dict:
 
 
 # Imported after the hook, so that it is in place even if a kernel module fails to import.
-from . import norms, softmax  # noqa: E402
+from . import batch_norm, gemm, norms, softmax  # noqa: E402
 
 KERNELS = {
     LayerNormFwdOp: {
@@ -40,6 +40,18 @@ KERNELS = {
         "tilelang_block_row": softmax.SoftmaxBlockRow,
         "tilelang_smem_row": softmax.SoftmaxSmemRow,
         "tilelang_stream_row": softmax.SoftmaxStreamRow,
+    },
+    BatchNormFwdOp: {
+        "tilelang_bn_thread_channel": batch_norm.BatchNormThreadChannel,
+        "tilelang_bn_block_channel": batch_norm.BatchNormBlockChannel,
+        "tilelang_bn_split_channel": batch_norm.BatchNormSplitChannel,
+        "tilelang_bn_tiled": batch_norm.BatchNormTiled,
+        "tilelang_bn_infer": batch_norm.BatchNormInfer,
+    },
+    GemmOp: {
+        "tilelang_gemm": gemm.GemmGeneral,
+        "tilelang_gemm_hopper": gemm.GemmHopper,
+        "tilelang_gemm_skinny": gemm.GemmSkinny,
     },
 }
 """Every kernel this package registers: op class -> key -> kernel class."""

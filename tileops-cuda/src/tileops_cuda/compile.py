@@ -21,9 +21,13 @@ from typing import Any
 LOCK_DIR = "tileops-locks"
 
 
-def cuda_target(arch: int) -> dict[str, str]:
-    """TileLang's target for compute capability `arch` (80 -> sm_80); it refuses strings."""
-    return {"kind": "cuda", "arch": f"sm_{arch}"}
+def cuda_target(arch: int, features: str = "") -> dict[str, str]:
+    """TileLang's target for compute capability `arch` (80 -> sm_80); it refuses strings.
+
+    `features` "a" names the architecture-specific target (sm_90a): wgmma and register
+    reconfiguration exist only there, and code built for it runs on that architecture only.
+    """
+    return {"kind": "cuda", "arch": f"sm_{arch}{features}"}
 
 
 def cache_dir() -> str:
@@ -33,20 +37,29 @@ def cache_dir() -> str:
     return os.path.expanduser(env.TILELANG_CACHE_DIR)
 
 
-def build_program(name: str, program: Callable[[], Any], arch: int) -> Any:
-    """Compile `program()` (a TileLang prim_func factory) for sm_`arch`, once across processes.
+def build_program(
+    name: str,
+    program: Callable[[], Any],
+    arch: int,
+    *,
+    features: str = "",
+    pass_configs: dict[str, Any] | None = None,
+) -> Any:
+    """Compile `program()` (a TileLang prim_func factory) for sm_`arch``features`, once across
+    processes, with TileLang `pass_configs` (None: TileLang's defaults).
 
     `name` identifies the kernel (family and build identity); it names the lock only, the cache
-    key is TileLang's own (the program text, target and compiler versions).
+    key is TileLang's own (the program text, target, pass configs and compiler versions).
     """
     import tilelang
 
     lock_dir = os.path.join(cache_dir(), LOCK_DIR)
     os.makedirs(lock_dir, exist_ok=True)
-    digest = hashlib.sha256(f"{name}/sm_{arch}".encode()).hexdigest()[:24]
+    target = cuda_target(arch, features)
+    digest = hashlib.sha256(f"{name}/{target['arch']}/{pass_configs}".encode()).hexdigest()[:24]
     with open(os.path.join(lock_dir, f"{digest}.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            return tilelang.compile(program(), target=cuda_target(arch))
+            return tilelang.compile(program(), target=target, pass_configs=pass_configs)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)

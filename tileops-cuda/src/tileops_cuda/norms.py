@@ -112,7 +112,10 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
     pdtype = DTYPE_NAMES[call.param_dtype or call.dtype]  # float32 weights under mixed precision
     lanes, vec = plan.lanes, plan.vec
     exact = plan.padded == n  # no lane's vector runs past the row's end
-    streaming_layer = kind == "layer" and plan.hold == "none"
+    # Streamed LayerNorm rows take their statistics in one shifted pass, except odd rows
+    # (vec 1): for some lengths TileLang 0.1.15's StorageRewrite rejects that program, so they
+    # read the row once more (mean, then variance, then output) instead.
+    streaming_layer = kind == "layer" and plan.hold == "none" and plan.vec > 1
     m = T.dynamic("m")
 
     @T.macro
@@ -128,7 +131,13 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
             s1 = T.alloc_var("float32", init=0.0)
             s2 = T.alloc_var("float32", init=0.0)
             # Shifted sums keep E[x^2] - E[x]^2 from cancelling; one block per streamed row.
-            shift = T.alloc_var("float32", init=X[row, 0] if streaming_layer else 0.0)
+            # The shift is the row's first element, read as the first vector (every lane the
+            # same one): a scalar read of X beside vector reads of it makes TileLang 0.1.15's
+            # StorageRewrite fail for some lengths (n = 32768, 49152, ... in float32).
+            shift = T.alloc_var("float32", init=0.0)
+            if streaming_layer and row < m:
+                tiles.reload(X, store, plan, row, 0, 0, t)
+                shift = t[0]
             for k in tiles.chunk_loop(plan):
                 if row < m and (exact or (k * lanes + lane) * vec < n):
                     tiles.load(X, store, plan, row, lane, k, t)

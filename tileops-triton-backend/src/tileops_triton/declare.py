@@ -35,7 +35,10 @@ H200 = "NVIDIA H200"
 CUDA_ROW_KEYS = frozenset(
     {"tilelang_warp_rows", "tilelang_block_row", "tilelang_smem_row", "tilelang_stream_row"}
 )
-"""tileops-cuda's keys for LayerNormFwdOp, RMSNormFwdOp and SoftmaxFwdOp (it has no GEMM)."""
+"""tileops-cuda's keys for LayerNormFwdOp, RMSNormFwdOp and SoftmaxFwdOp."""
+
+CUDA_GEMM_KEYS = frozenset({"tilelang_gemm", "tilelang_gemm_hopper", "tilelang_gemm_skinny"})
+"""tileops-cuda's keys for GemmOp (float16 / bfloat16 on sm_80 .. sm_90; float32 it refuses)."""
 
 
 @dataclass(frozen=True)

@@ -17,12 +17,17 @@ import torch
 
 from tileops import Kernel
 from tileops.kernel import Build
-from tileops.ops import GemmCall, GemmInterface
+from tileops.ops import GemmCall, GemmInterface, GemmOp
 
 from .compile import cdiv, next_pow2, tuned
-from .declare import DEVICES, INTERPRETING, dtype_refusal
+from .declare import CUDA_GEMM_KEYS, DEVICES, INTERPRETING, FasterRegion, deferral, dtype_refusal
 
 KEY = "triton"
+
+# Where Triton measured faster than tileops-cuda's GEMM on the H200: nowhere yet (tileops-cuda's
+# GEMM is unmeasured, 2026-11-29), so Triton steps aside wherever a TileLang GEMM serves. A
+# region added here also needs the TileLang keys in `preferred_over`.
+FASTER: tuple[FasterRegion, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -51,15 +56,16 @@ SKINNY = ((64, 128, True), (128, 128, True), (64, 256, True), (128, 64, True),
 
 
 class TritonGemm(Kernel, GemmInterface):
-    """Every float16/bfloat16/float32 GEMM, any shape, on any CUDA device Triton runs on."""
+    """Every float16/bfloat16/float32 GEMM, any shape, on any CUDA device Triton runs on, except
+    the calls a tileops-cuda GEMM serves (16-bit on sm_80 .. sm_90), where it steps aside."""
 
     devices = DEVICES
     supported_archs = None
-    preferred_over = frozenset({"reference"})  # tileops-cuda has no GEMM to defer to
+    preferred_over = frozenset({"reference"})  # beside tileops-cuda: the refusal defers
 
     @classmethod
     def refusal(cls, call: GemmCall) -> str | None:
-        return dtype_refusal(call.dtype)
+        return dtype_refusal(call.dtype) or deferral(GemmOp, CUDA_GEMM_KEYS, FASTER, call)
 
     @classmethod
     def entry_for(cls, call: GemmCall) -> tuple[Hashable, Build]:

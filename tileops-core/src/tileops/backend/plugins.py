@@ -39,6 +39,27 @@ class BackendHooks:
     def tileops_backend_info(self) -> dict[str, Any]:
         """Describe this backend: {"name": str, "version": str, "devices": [device types]}."""
 
+    @hookspec
+    def tileops_dispatch_decided(
+        self,
+        op: str,
+        interface: str,
+        call: Any,
+        key: str | None,
+        source: str | None,
+        error: Exception | None,
+    ) -> None:
+        """A dispatch miss was decided: `key` (registered by `source`, a distribution and
+        entry point) serves `call`, or no key does and dispatch raises `error`. Called on the
+        miss path only, never on a hit; see `tileops.observe`."""
+
+    @hookspec
+    def tileops_entry_built(
+        self, op: str, interface: str, key: str, source: str, identity: Any, seconds: float
+    ) -> None:
+        """The entry of `key` for build identity `identity` was built (compiled) in `seconds`.
+        Called once per build; entries reused from an earlier build do not call it."""
+
 
 @dataclass(frozen=True)
 class LoadFailure:
@@ -89,6 +110,7 @@ class BackendLoader:
                 if not self._loaded:
                     self._load_all()
                     self._loaded = True
+                    self._check_operator_rules()
                 self._settle_direct_imports()
             finally:
                 self._loader_thread = None
@@ -151,6 +173,19 @@ class BackendLoader:
                 raise  # the registry is consistent; loading resumes with the next backend
         finally:
             loading_source.reset(token)
+
+    def _check_operator_rules(self) -> None:
+        """Read TILEOPS_DENY / _PIN / _PREFER once every backend is in, and report entries that
+        cannot parse or name nothing installed, as unknown backend names are reported."""
+        from ..control import RULES
+
+        problems = RULES.load_environment()
+        keys = lambda op: set(op.kernel_types) | set(REGISTRY.kernel_types(op))  # noqa: E731
+        problems += [(p.split(" ", 1)[0], p) for p in RULES.unmatched(REGISTRY.known_ops, keys)]
+        for origin, problem in problems:
+            self._fail(origin, "operator setting", problem)
+        if RULES.rules:
+            REGISTRY.bump()  # tables built before the rules were read must not stand
 
     def _settle_direct_imports(self) -> None:
         """Finish the backends a user imported before tileops loaded them: once their import

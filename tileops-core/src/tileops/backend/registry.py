@@ -131,6 +131,10 @@ class Registry:
     def builder(self, op: type, target: str) -> Builder | None:
         return self._slots.get(("builder", op, target))
 
+    def rules(self) -> list[Any]:
+        """The operator's rules made through the API (tileops.prefer), in no special order."""
+        return [r for s, r in list(self._slots.items()) if s[0] == "rule"]
+
     def builders(self) -> list[Builder]:
         return [b for s, b in list(self._slots.items()) if s[0] == "builder"]
 
@@ -170,6 +174,11 @@ class Registry:
             for slot in slots:
                 self._set(slot, None)
             return len(slots)
+
+    def bump(self) -> None:
+        """Mark the tables stale without a registration (an operator rule changed)."""
+        with self.lock:
+            self.generation += 1
 
     def _set(self, slot: tuple, entry: Any) -> None:
         old = self._slots.get(slot)

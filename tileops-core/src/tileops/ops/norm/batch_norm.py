@@ -19,7 +19,7 @@ from ...call import CallSpec
 from ...errors import OpConfigError, OpInputError
 from ...kernel import KernelInterface
 from ...op import Op
-from ...signature import BATCH, BoundCall, Input, Output, Signature
+from ...signature import BATCH, WIDENED, BoundCall, Input, Output, Signature
 from .._common import (
     ReferenceKernel,
     bool_param,
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 Tensor = torch.Tensor
 STATS = ("running_mean", "running_var")
+PER_CHANNEL = ("weight", "bias", *STATS)
 
 
 class BatchNormCall(CallSpec):
@@ -50,6 +51,9 @@ class BatchNormCall(CallSpec):
     has_weight: bool
     has_bias: bool
     has_running_stats: bool
+    param_dtype: torch.dtype | None = None
+    """The dtype of the per-channel tensors given (x's, or float32 under mixed precision); None
+    when none is given."""
 
 
 class _BatchNormContract(KernelInterface):
@@ -57,9 +61,11 @@ class _BatchNormContract(KernelInterface):
 
     Layout contract: `x` is a contiguous (batch, channels, spatial) tensor (the op folded the
     trailing spatial dims into one; batch * spatial >= 1); `weight`, `bias`, `running_mean`
-    and `running_var` are contiguous (channels,) tensors of x's dtype, or None. Return a
-    contiguous (batch, channels, spatial) tensor of x's dtype; the op restores the caller's
-    shape. Calls with batch * spatial == 0 never reach a kernel.
+    and `running_var` are contiguous (channels,) tensors or None, all of one dtype, the call's
+    `param_dtype`: x's, or float32 beside a 16-bit x (mixed precision, as under autocast:
+    statistics in float32, running stats kept and updated in float32). Return a contiguous
+    (batch, channels, spatial) tensor of x's dtype; the op restores the caller's shape. Calls
+    with batch * spatial == 0 never reach a kernel.
     """
 
     call_spec = BatchNormCall
@@ -84,7 +90,8 @@ class BatchNormTrainInterface(_BatchNormContract):
     var. They are the caller's own tensors: write into them, do not replace them.
 
     Layout contract: that of every BatchNorm interface, x as contiguous (batch, channels,
-    spatial), per-channel tensors as contiguous (channels,); see `_BatchNormContract`.
+    spatial), per-channel tensors as contiguous (channels,) of `param_dtype` (x's, or float32
+    beside 16-bit x), running stats updated in that dtype; see `_BatchNormContract`.
     """
 
 
@@ -95,7 +102,8 @@ class BatchNormInferInterface(_BatchNormContract):
     running stats are always given, and only read. `momentum` in the call is unused.
 
     Layout contract: that of every BatchNorm interface, x as contiguous (batch, channels,
-    spatial), per-channel tensors as contiguous (channels,); see `_BatchNormContract`.
+    spatial), per-channel tensors as contiguous (channels,) of `param_dtype` (x's, or float32
+    beside 16-bit x); see `_BatchNormContract`.
     """
 
 
@@ -109,8 +117,10 @@ def _float(t: Tensor | None) -> Tensor | None:
 class BatchNormTrainReference(ReferenceKernel, BatchNormTrainInterface):
     """`F.batch_norm` with the batch statistics; it updates the running stats itself, outside
     autograd. Torch's all-16-bit path rounds its statistics, so 16-bit x takes torch's
-    mixed-type path instead (float32 params: it computes in float32), with the running stats
-    blended in float32 copies and stored back."""
+    mixed-type path instead (float32 params: it computes in float32), with 16-bit running stats
+    blended in float32 copies and stored back. Under mixed precision the per-channel tensors
+    are float32 already: `.float()` returns them as they are, so torch blends the caller's
+    float32 running stats in place, exactly as `F.batch_norm` does."""
 
     build_fields = ("eps", "momentum")
 
@@ -141,7 +151,8 @@ class BatchNormTrainReference(ReferenceKernel, BatchNormTrainInterface):
 
 
 class BatchNormInferReference(ReferenceKernel, BatchNormInferInterface):
-    """`F.batch_norm` with the running stats: 16-bit x is normalized in float32, rounded once."""
+    """`F.batch_norm` with the running stats: 16-bit x is normalized in float32, rounded once,
+    whether its per-channel tensors are 16-bit or float32 (mixed precision)."""
 
     build_fields = ("eps",)
 
@@ -160,12 +171,13 @@ class BatchNormInferReference(ReferenceKernel, BatchNormInferInterface):
 
 
 def _signature(training: bool) -> Signature:
-    """x of shape [batch, num_features, ...]; per-channel params; stats written in training."""
-    per_channel = ("num_features",)
+    """x of shape [batch, num_features, ...]; per-channel params of x's dtype, or float32
+    beside 16-bit x (autocast keeps them float32); stats written in training."""
+    per_channel, dtypes = ("num_features",), (f"{WIDENED}x",)
     inputs = [Input("x", ("batch", "num_features", BATCH))]
-    inputs += [Input(n, per_channel, dtypes=("x",), optional=True) for n in ("weight", "bias")]
+    inputs += [Input(n, per_channel, dtypes=dtypes, optional=True) for n in ("weight", "bias")]
     inputs += [
-        Input(n, per_channel, dtypes=("x",), optional=True, written=training, contiguous=training)
+        Input(n, per_channel, dtypes=dtypes, optional=True, written=training, contiguous=training)
         for n in STATS
     ]
     params = {"num_features": "int", "eps": "float", "momentum": "float", "training": "bool"}
@@ -235,6 +247,7 @@ class BatchNormFwdOp(Op):
                 f"{op}(): argument {missing[0]!r} is missing while {given!r} is given; pass "
                 "both running stats or neither"
             )
+        _check_one_param_dtype(op, call.tensors)
         if self.training and x.shape[0] * math.prod(x.shape[2:]) == 1:
             raise OpInputError(
                 f"{op}(): argument 'x' of shape {list(x.shape)} has one value per channel; "
@@ -264,6 +277,7 @@ class BatchNormFwdOp(Op):
             has_weight=weight is not None,
             has_bias=bias is not None,
             has_running_stats=running_mean is not None,
+            param_dtype=_param_dtype(weight, bias, running_mean, running_var),
         )
         x3 = x.contiguous().view(batch, channels, spatial)
         stats = contiguous(running_mean), contiguous(running_var)
@@ -289,6 +303,22 @@ class BatchNormFwdOp(Op):
         yield sample_case(stats, *shapes, note="training")
         yield sample_case(stats, (8, 16), None, None, None, None, note="training, no stats")
         yield _positive_var(sample_case({**stats, "training": False}, *shapes, note="inference"))
+
+
+def _param_dtype(*per_channel: Tensor | None) -> torch.dtype | None:
+    """The dtype the per-channel tensors share (`check` made sure they do), or None."""
+    return next((t.dtype for t in per_channel if t is not None), None)
+
+
+def _check_one_param_dtype(op: str, tensors: tuple[Tensor | None, ...]) -> None:
+    """F.batch_norm takes per-channel tensors all of x's dtype or all float32, never a mix."""
+    given = [(n, t.dtype) for n, t in zip(PER_CHANNEL, tensors[1:], strict=True) if t is not None]
+    if len({dtype for _, dtype in given}) > 1:
+        listed = ", ".join(f"{n!r} {str(d).replace('torch.', '')}" for n, d in given)
+        raise OpInputError(
+            f"{op}(): the per-channel arguments mix dtypes ({listed}); pass them all in x's "
+            "dtype or all in float32 (as F.batch_norm requires)"
+        )
 
 
 def _positive_var(case: Case) -> Case:

@@ -1,0 +1,263 @@
+"""BatchNorm and GEMM on one GPU: tileops-cuda's TileLang kernels against their peers, same run.
+
+BatchNorm (training and inference) over ResNet-50's BatchNorm layers at batch 32 and 256 and a
+(4, 128, 1024, 1024) tensor. Contenders: cuDNN through `F.batch_norm`, `torch.compile` of the
+same, the tileops op as dispatched (and the key that served it), and every tileops-cuda key of
+the interface that serves the call, built through its own `entry_for`. Each is reported as a
+share of the copy bandwidth measured in the same run on the same bytes: a training call moves
+three passes of x (read for the statistics, read again, write y), an inference call two.
+
+GEMM (float16 / bfloat16) on square, LLM-layer and skinny (decode) shapes, misaligned ones
+included: torch.matmul (cuBLAS), the tileops op as dispatched, and each tileops-cuda GEMM key
+that serves the call; TFLOP/s.
+
+Times are medians of `triton.testing.do_bench` (the L2 is cleared before every repetition),
+best of --rounds alternating rounds.
+
+    python benchmarks/batchnorm_gemm_h200.py [--part batchnorm,gemm] [--dtypes bfloat16,...]
+        [--batches 32,256] [--rounds 2] [--no-compile] [--out DIR] [--commit SHA]
+
+Writes `<out>/batchnorm_gemm_<device>.{md,json}` stamped with the date, device, versions and
+commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+# ResNet-50's BatchNorm layers as (channels, height, width), torchvision's layout.
+RESNET50 = [(64, 112, 112), (64, 56, 56), (256, 56, 56), (128, 56, 56), (128, 28, 28),
+            (512, 28, 28), (256, 28, 28), (256, 14, 14), (1024, 14, 14), (512, 14, 14),
+            (512, 7, 7), (2048, 7, 7)]  # fmt: skip
+LARGE = (4, 128, 1024, 1024)
+GEMM_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 11008, 4096), (4096, 4096, 11008),
+               (4096, 4095, 4096), (1000, 1001, 999), (1, 4096, 4096), (16, 4096, 4096),
+               (64, 4096, 4096), (1, 11008, 4096), (32, 14336, 4096)]  # fmt: skip
+PASSES = {"train": 3, "infer": 2}
+EPS, MOMENTUM = 1e-5, 0.1
+
+
+@dataclass
+class Row:
+    """One shape of one part: its contenders' times and what they mean."""
+
+    part: str
+    shape: tuple[int, ...]
+    dtype: str
+    served_by: str = ""
+    ms: dict[str, float] = field(default_factory=dict)
+    score: dict[str, float] = field(default_factory=dict)  # % of copy, or TFLOP/s
+    copy_gbps: float = 0.0
+
+
+def bench(fn: Callable[[], Any], rounds: int) -> float:
+    """Milliseconds: the best of `rounds` medians of do_bench (L2 cleared per repetition)."""
+    from triton.testing import do_bench
+
+    return min(do_bench(fn, return_mode="median") for _ in range(rounds))
+
+
+def copy_gbps(nbytes: int, rounds: int) -> float:
+    """Device-to-device copy bandwidth on `nbytes` (read + write counted), GB/s."""
+    src = torch.empty(nbytes // 2, dtype=torch.int16, device="cuda")
+    dst = torch.empty_like(src)
+    ms = bench(lambda: dst.copy_(src), rounds)
+    return 2 * src.numel() * 2 / ms / 1e6
+
+
+# -- BatchNorm -------------------------------------------------------------------------------
+
+
+def bn_shapes(batches: list[int]) -> list[tuple[int, ...]]:
+    return [(b, *layer) for b in batches for layer in RESNET50] + [LARGE]
+
+
+def bn_contenders(
+    mode: str, x: torch.Tensor, compiled: bool
+) -> tuple[dict[str, Callable[[], Any]], str]:
+    """Every contender of one BatchNorm call, and the key the dispatched op chose."""
+    import tileops_cuda
+    from tileops.ops import BatchNormCall, BatchNormFwdOp
+
+    training = mode == "train"
+    c = x.shape[1]
+    w, b = torch.randn(c, device="cuda"), torch.randn(c, device="cuda")
+    rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+    params = [t.to(x.dtype) for t in (w, b, rm, rv)]
+
+    def torch_bn() -> torch.Tensor:
+        return F.batch_norm(x, params[2], params[3], params[0], params[1], training, MOMENTUM, EPS)
+
+    contenders = {"cudnn": torch_bn}
+    if compiled:
+        contenders["torch.compile"] = torch.compile(torch_bn)
+    op = BatchNormFwdOp(c, EPS, MOMENTUM, training=training)
+    contenders["tileops"] = lambda: op(x, *params)
+    interface = "batch_norm_fwd_train" if training else "batch_norm_fwd_infer"
+    spatial = x[0, 0].numel()
+    call = BatchNormCall(device=x.device, batch=x.shape[0], channels=c, spatial=spatial,
+                         eps=EPS, momentum=MOMENTUM, dtype=x.dtype, has_weight=True,
+                         has_bias=True, has_running_stats=True, param_dtype=x.dtype)  # fmt: skip
+    x3 = x.view(x.shape[0], c, spatial)
+    contract = BatchNormFwdOp.interfaces[interface]
+    for key, cls in tileops_cuda.KERNELS[BatchNormFwdOp].items():
+        if issubclass(cls, contract) and cls.refusal(call) is None:
+            kernel = cls.entry_for(call)[1]()
+            contenders[key] = lambda kernel=kernel: kernel(x3, *params)
+    return contenders, op.key_for(interface, call)
+
+
+def measure_bn(mode: str, shape: tuple[int, ...], dtype: str, args: argparse.Namespace) -> Row:
+    x = torch.randn(shape, device="cuda", dtype=DTYPES[dtype]) * 2 + 0.5
+    contenders, served = bn_contenders(mode, x, not args.no_compile)
+    moved = PASSES[mode] * x.numel() * x.element_size()
+    row = Row(f"batchnorm_{mode}", shape, dtype, served, copy_gbps=copy_gbps(moved, args.rounds))
+    for name, fn in contenders.items():
+        fn()  # compile / build outside the timing
+        row.ms[name] = bench(fn, args.rounds)
+        row.score[name] = 100 * moved / row.ms[name] / 1e6 / row.copy_gbps
+    return row
+
+
+# -- GEMM ------------------------------------------------------------------------------------
+
+
+def measure_gemm(shape: tuple[int, int, int], dtype: str, args: argparse.Namespace) -> Row:
+    import tileops_cuda
+    from tileops.ops import GemmCall, GemmOp
+
+    m, n, k = shape
+    a = torch.randn(m, k, device="cuda", dtype=DTYPES[dtype])
+    b = torch.randn(k, n, device="cuda", dtype=DTYPES[dtype])
+    op = GemmOp()
+    call = GemmCall(device=a.device, m=m, n=n, k=k, dtype=a.dtype)
+    contenders = {"torch.matmul": lambda: torch.matmul(a, b), "tileops": lambda: op(a, b)}
+    for key, cls in tileops_cuda.KERNELS[GemmOp].items():
+        if cls.refusal(call) is None and arch() in (cls.supported_archs or {arch()}):
+            kernel = cls.entry_for(call)[1]()
+            contenders[key] = lambda kernel=kernel: kernel(a, b)
+    row = Row("gemm", shape, dtype, op.key_for("gemm", call))
+    reference = a.float() @ b.float()
+    for name, fn in contenders.items():
+        error = ((fn().float() - reference).norm() / reference.norm()).item()
+        row.ms[name] = bench(fn, args.rounds)
+        row.score[name] = 2.0 * m * n * k / row.ms[name] / 1e9
+        row.score[f"{name} rel. error"] = error
+    return row
+
+
+def arch() -> int:
+    major, minor = torch.cuda.get_device_capability()
+    return 10 * major + minor
+
+
+# -- report ----------------------------------------------------------------------------------
+
+
+def markdown(rows: list[Row], meta: dict) -> str:
+    lines = [
+        f"# BatchNorm and GEMM on {meta['device']}",
+        "",
+        f"{meta['date']}, commit {meta['commit']}, torch {meta['torch']}, tilelang "
+        f"{meta['tilelang']}. Medians of do_bench (L2 cleared per repetition), best of "
+        f"{meta['rounds']} rounds. BatchNorm: % of the same-run copy bandwidth on the same bytes "
+        "(training 3 passes of x, inference 2); GEMM: TFLOP/s.",
+    ]
+    for part in dict.fromkeys(r.part for r in rows):
+        chosen = [r for r in rows if r.part == part]
+        names = list(dict.fromkeys(n for r in chosen for n in r.score))
+        unit = "TFLOP/s" if part == "gemm" else "% of copy"
+        lines += ["", f"## {part} ({unit})", "", "| shape | dtype | served by | copy GB/s | "
+                  + " | ".join(names) + " |", "|---" * (4 + len(names)) + "|"]  # fmt: skip
+        for r in chosen:
+            cells = [_cell(r.score.get(n), n) for n in names]
+            lines.append(
+                f"| {'x'.join(map(str, r.shape))} | {r.dtype} | {r.served_by} | "
+                f"{r.copy_gbps:.0f} | " + " | ".join(cells) + " |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _cell(value: float | None, name: str) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1e}" if name.endswith("rel. error") else f"{value:.1f}"
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True)
+        return out.stdout.decode().strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", default="batchnorm,gemm", help="batchnorm and/or gemm")
+    parser.add_argument("--dtypes", default="bfloat16", help=f"of {','.join(DTYPES)}")
+    parser.add_argument("--batches", default="32,256", help="ResNet-50 batch sizes")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--commit", default=None)
+    args = parser.parse_args(argv)
+    args.part = args.part.split(",")
+    args.dtypes = args.dtypes.split(",")
+    args.batches = [int(b) for b in args.batches.split(",")]
+    unknown = [p for p in args.part if p not in ("batchnorm", "gemm")]
+    unknown += [d for d in args.dtypes if d not in DTYPES]
+    if unknown:
+        parser.error(f"unknown parts or dtypes: {unknown}")
+    return args
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    rows = []
+    if "batchnorm" in args.part:
+        for mode in PASSES:
+            for shape in bn_shapes(args.batches):
+                rows += [measure_bn(mode, shape, dtype, args) for dtype in args.dtypes]
+    if "gemm" in args.part:
+        for dtype in (d for d in args.dtypes if d != "float32"):  # tileops-cuda: 16-bit GEMM
+            rows += [measure_gemm(shape, dtype, args) for shape in GEMM_SHAPES]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    import tilelang
+
+    device = torch.cuda.get_device_name()
+    meta = {
+        "device": device,
+        "date": datetime.date.today().isoformat(),
+        "commit": args.commit or git_commit(),
+        "torch": torch.__version__,
+        "tilelang": tilelang.__version__,
+        "rounds": args.rounds,
+    }
+    rows = run(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"batchnorm_gemm_{device.replace(' ', '_').lower()}"
+    payload = {**meta, "rows": [asdict(r) for r in rows]}
+    stem.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
+    text = markdown(rows, meta)
+    stem.with_suffix(".md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""`tileops explain`: by inputs or by call-spec fields, real or simulated device, text or JSON,
+and the target an op instance would settle on."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tileops.backend import register_detector, register_kernel_builder
+from tileops.cli import main
+
+H200 = ["--device", "cuda:0", "--arch", "90"]
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_by_inputs_on_a_simulated_h200_builds_the_ops_own_call(capsys):
+    code, out, _ = run(
+        capsys, "explain", "RMSNormFwdOp", "--shape", "8,4096", "--dtype", "bfloat16", *H200
+    )
+    assert code == 0
+    assert (
+        "call: RMSNormFwdOp(normalized_shape=(4096,), eps=None) on x [8, 4096], weight [4096]"
+        in out
+    )
+    assert "device: cuda:0 (simulated: sm_90, 132 SMs, NVIDIA H200" in out
+    assert "target: builtin (no target's detector claims cuda:0)" in out
+    # eps=None resolves to float32's epsilon for 16-bit inputs, as F.rms_norm does
+    assert "n=4096, eps=1.1920928955078125e-07, dtype=torch.bfloat16, has_weight=True" in out
+    assert "=> tilelang_block_row (chosen)" in out
+
+
+def test_json_names_the_winner_its_distribution_and_every_verdict(capsys):
+    code, out, _ = run(
+        capsys,
+        "explain",
+        "LayerNormFwdOp",
+        "--shape",
+        "2,16,1000",
+        "--dtype",
+        "float16",
+        "--json",
+        *H200,
+    )
+    data = json.loads(out)
+    assert code == 0
+    assert data["op"] == "tileops::LayerNormFwdOp" and data["interface"] == "layer_norm"
+    assert data["winner"] == "tilelang_warp_rows"
+    assert data["winner_distribution"] == "tileops-cuda"
+    assert data["verdicts"]["reference"].startswith("outranked: general")
+    assert data["verdicts"]["tilelang_smem_row"].startswith("refused: ")
+    assert data["error"] is None and data["target"] == "builtin" and data["target_serves"]
+
+
+def test_gemm_takes_m_n_k(capsys):
+    code, out, _ = run(capsys, "explain", "GemmOp", "--shape", "64,32,16", "--json")
+    data = json.loads(out)
+    assert code == 0 and "m=64, n=32, k=16" in data["call"]
+    assert data["request"] == "GemmOp() on a [64, 16], b [16, 32]"
+
+
+def test_batch_norm_takes_its_channels_from_dim_1_and_params_by_name(capsys):
+    args = ["explain", "BatchNormFwdOp", "--shape", "8,3,5,5", "--param", "training=False"]
+    code, out, _ = run(capsys, *args)
+    assert code == 0
+    assert (
+        "batch_norm_fwd_infer for BatchNormCall(device=device(type='cpu'), batch=8, channels=3, "
+        "spatial=25" in out
+    )
+
+
+def test_omit_leaves_an_optional_input_out(capsys):
+    code, out, _ = run(capsys, "explain", "LayerNormFwdOp", "--shape", "4,8", "--omit", "bias")
+    assert code == 0 and "has_weight=True, has_bias=False" in out
+
+
+def test_bad_inputs_are_the_ops_own_usage_errors(capsys):
+    code, _, err = run(capsys, "explain", "GemmOp", "--shape", "4,4")
+    assert code == 2 and "tileops::GemmOp takes --shape M,N,K, got [4, 4]" in err
+    code, _, err = run(capsys, "explain", "RMSNormFwdOp", "--shape", "4,a")
+    assert code == 2 and "a shape is integers separated by ',' or 'x'" in err
+    code, _, err = run(
+        capsys, "explain", "LayerNormFwdOp", "--shape", "4,8", "--param", "normalized_shape=(3,)"
+    )
+    assert code == 2 and "LayerNormFwdOp(): argument 'x' has shape [4, 8], expected [..., 3]" in err
+    code, _, err = run(capsys, "explain", "RMSNormFwdOp", "rms_norm", "--shape", "4,8")
+    assert code == 2 and "either --shape" in err
+
+
+def test_a_target_asked_for_serves_the_call(capsys):
+    code, out, _ = run(
+        capsys, "explain", "GemmOp", "--shape", "64,64,64", "--target", "triton", *H200
+    )
+    assert code == 0
+    assert (
+        "target: triton [tileops-triton-backend, entry point 'triton'] (asked for with target=)"
+        in out
+    )
+    assert "its builder serves every call of this op instance" in out
+
+
+def test_a_target_without_a_builder_for_the_op_fails(capsys, tileops_registry):
+    register_detector("nobuild", lambda device: False)
+    code, out, _ = run(
+        capsys, "explain", "SoftmaxFwdOp", "--shape", "4,8", "--target", "nobuild", "--json"
+    )
+    data = json.loads(out)
+    assert code == 1 and data["target"] == "nobuild" and not data["target_serves"]
+    assert "registered no builder for tileops::SoftmaxFwdOp" in data["target_text"]
+
+
+def test_a_detector_that_claims_the_device_is_named(capsys, tileops_registry):
+    register_detector("claims", lambda device: device.type == "cuda")
+    register_kernel_builder("SoftmaxFwdOp", "claims", lambda x, *, dim: None)
+    code, out, _ = run(capsys, "explain", "SoftmaxFwdOp", "--shape", "4,8", *H200)
+    assert code == 0 and "target: claims [" in out and "(its detector claims cuda:0)" in out
+    code, out, _ = run(capsys, "explain", "SoftmaxFwdOp", "--shape", "4,8")
+    assert "target: builtin (no target's detector claims cpu)" in out
+
+
+def test_the_field_form_still_explains_any_interface(capsys):
+    code, out, _ = run(
+        capsys,
+        "explain",
+        "RMSNormFwdOp",
+        "rms_norm",
+        "n=4096",
+        "dtype=float16",
+        "eps=1e-6",
+        "has_weight=true",
+        *H200,
+        "--calibration",
+        "h200",
+    )
+    assert code == 0 and "=> tilelang_block_row (chosen)" in out
+    assert "target: not shown: pass --shape" in out  # RMSNormFwdOp needs normalized_shape
+
+
+@pytest.mark.parametrize("calibration, board", [("h200", "NVIDIA H200"), ("B200", "B200")])
+def test_calibration_takes_short_board_names(capsys, calibration, board):
+    code, out, _ = run(
+        capsys, "explain", "SoftmaxFwdOp", "--shape", "4,8", *H200, "--calibration", calibration
+    )
+    assert code == 0 and f"132 SMs, {board}, 232448 B" in out

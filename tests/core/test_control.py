@@ -1,0 +1,225 @@
+"""Trust and control: pins, preferences, determinism, strict fallbacks, records, readiness."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+import torch
+from dispatch_kit import INTERFACE, call, kernel, make_op
+
+import tileops
+from tileops import (
+    AmbiguousDispatchError,
+    ControlError,
+    KernelDeclarationError,
+    NoImplementationError,
+    Requirements,
+)
+
+
+@pytest.fixture
+def op_cls(sm80):
+    """fast (preferred), slow, and a general fallback; `odd` refuses odd n."""
+    return make_op(
+        {
+            "fast": kernel("fast", preferred_over={"slow"}),
+            "slow": kernel("slow"),
+            "odd": kernel("odd", refuse=lambda c: None if c.n % 2 else "serves odd n only"),
+            "fallback": kernel("fallback", general=True, devices={"cuda", "cpu"}),
+        },
+        name="ControlledOp",
+    )
+
+
+def test_a_pin_holds_inside_its_block_only(op_cls):
+    op = op_cls()
+    assert op.kernel_for(INTERFACE, call(n=2))() == "fast"
+    with tileops.pinned(op_cls, INTERFACE, "slow"):
+        assert op.kernel_for(INTERFACE, call(n=2))() == "slow"
+        assert op.key_for(INTERFACE, call(n=2)) == "slow"
+        explained = op.explain(INTERFACE, call(n=2)).text
+        assert "slow [module dispatch_kit]: chosen: pinned by tileops.pinned()" in explained
+        assert "fast [module dispatch_kit]: outranked: 'slow' is pinned by" in explained
+    assert op.kernel_for(INTERFACE, call(n=2))() == "fast"
+    assert isinstance(op._hits, dict)  # no scope left: the plain cache again
+
+
+def test_pins_are_per_thread(op_cls):
+    op = op_cls()
+    inside, outside = threading.Event(), threading.Event()
+    seen = {}
+
+    def pinned_worker():
+        with tileops.pinned(op_cls, INTERFACE, "slow"):
+            inside.set()
+            outside.wait(5)
+            seen["pinned"] = op.kernel_for(INTERFACE, call(n=4))()
+
+    worker = threading.Thread(target=pinned_worker)
+    worker.start()
+    inside.wait(5)
+    seen["free"] = op.kernel_for(INTERFACE, call(n=4))()
+    outside.set()
+    worker.join()
+    assert seen == {"pinned": "slow", "free": "fast"}
+
+
+def test_a_pinned_key_that_refuses_raises_with_its_reason_never_falls_back(op_cls):
+    op = op_cls()
+    with tileops.pinned(op_cls, INTERFACE, "odd"):
+        assert op.kernel_for(INTERFACE, call(n=3))() == "odd"
+        with pytest.raises(
+            NoImplementationError,
+            match=r"(?s)no implementation serves this call.*odd \[module dispatch_kit\]: refused: "
+            r"serves odd n only",
+        ):
+            op.kernel_for(INTERFACE, call(n=2))
+
+
+def test_a_pinned_key_unavailable_on_the_device_raises_with_its_reason(op_cls):
+    op = op_cls()
+    with tileops.pinned(op_cls, INTERFACE, "fast"):
+        with pytest.raises(
+            NoImplementationError, match=r"fast .*unavailable: runs on cuda, not cpu"
+        ):
+            op.kernel_for(INTERFACE, call("cpu"))
+
+
+def test_pinning_something_that_does_not_exist_is_refused(op_cls):
+    with pytest.raises(ControlError, match=r"ControlledOp has no kernel 'nope'; it has fallback"):
+        with tileops.pinned(op_cls, INTERFACE, "nope"):
+            pass
+    with pytest.raises(ControlError, match=r"has no interface 'binary'; it has unary"):
+        with tileops.pinned(op_cls, "binary", "fast"):
+            pass
+
+
+def test_prefer_settles_an_ambiguity_for_ops_constructed_afterwards(sm80, tileops_registry):
+    tied_cls = make_op({"a": kernel("a"), "b": kernel("b")}, name="TiedOp")
+    before = tied_cls()
+    with pytest.raises(AmbiguousDispatchError, match=r"TILEOPS_PREFER='TiedOp.unary=a>b'"):
+        before.kernel_for(INTERFACE, call())
+    tileops.prefer(tied_cls, INTERFACE, "b", "a")
+    after = tied_cls()
+    assert after.kernel_for(INTERFACE, call())() == "b"
+    text = after.explain(INTERFACE, call()).text
+    assert (
+        "a [module dispatch_kit]: outranked: b preferred over it (the operator's preference: "
+        "tileops.prefer())" in text
+    )
+
+
+def test_an_operator_preference_closing_a_cycle_is_refused(op_cls, tileops_registry):
+    tileops.prefer(op_cls, INTERFACE, "slow", "fast")
+    with pytest.raises(
+        KernelDeclarationError,
+        match=r"the operator's preferences \(tileops.prefer\(\)\) and the kernels' "
+        r"preferred_over form a cycle: fast -> slow -> fast",
+    ):
+        op_cls()
+
+
+def test_preferring_an_unknown_key_is_refused(op_cls):
+    with pytest.raises(ControlError, match="tileops.prefer: .*ControlledOp has no kernel 'x'"):
+        tileops.prefer(op_cls, INTERFACE, "x", "fast")
+
+
+def test_determinism_toggles_between_calls(sm80):
+    op = make_op(
+        {
+            "atomic": kernel("atomic", deterministic=False, preferred_over={"ordered"}),
+            "ordered": kernel("ordered"),
+        },
+        name="AtomicOp",
+    )()
+    try:
+        assert op.kernel_for(INTERFACE, call())() == "atomic"
+        torch.use_deterministic_algorithms(True)
+        assert op.kernel_for(INTERFACE, call())() == "ordered"
+        assert "atomic [module dispatch_kit]: unavailable: not deterministic" in (
+            op.explain(INTERFACE, call()).text
+        )
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert op.kernel_for(INTERFACE, call())() == "atomic"
+
+
+def test_deterministic_must_be_a_bool():
+    with pytest.raises(KernelDeclarationError, match="deterministic must be True or False"):
+        kernel("Odd", deterministic="no")
+
+
+@pytest.fixture
+def fallback_only(sm80):
+    """Every specialised kernel refuses n=5: only the general fallback serves it."""
+    return make_op(
+        {
+            "special": kernel("special", refuse=lambda c: "n=5 is odd" if c.n == 5 else None),
+            "fallback": kernel("fallback", general=True),
+        },
+        name="FallbackOp",
+    )()
+
+
+def test_a_gpu_call_served_by_the_general_fallback_is_logged_once(fallback_only, caplog):
+    with caplog.at_level(logging.WARNING, logger="tileops.dispatch"):
+        for _ in range(3):
+            fallback_only.kernel_for(INTERFACE, call(n=5))
+            fallback_only._table.modes[False][0].clear()  # force misses: still logged once
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1
+    assert "only the general fallback 'fallback' serves" in messages[0]
+    assert "special [module dispatch_kit]: n=5 is odd" in messages[0]
+
+
+def test_strict_mode_raises_instead_of_falling_back(fallback_only, monkeypatch):
+    monkeypatch.setenv("TILEOPS_STRICT", "1")
+    with pytest.raises(NoImplementationError, match=r"^TILEOPS_STRICT=1: .*only the general"):
+        fallback_only.kernel_for(INTERFACE, call(n=5))
+    assert fallback_only.kernel_for(INTERFACE, call(n=4))() == "special"
+
+
+def test_a_record_counts_every_call_hits_included():
+    norm, softmax = tileops.RMSNormFwdOp(8), tileops.SoftmaxFwdOp()
+    x = torch.randn(2, 8)
+    norm(x)  # a hit later, inside the record
+    with tileops.record() as record:
+        for _ in range(3):
+            softmax(norm(x))
+    counts = {(s.op, s.key, s.distribution): n for s, n in record.counts.items()}
+    assert counts == {
+        ("tileops::RMSNormFwdOp", "reference", "tileops-core"): 3,
+        ("tileops::SoftmaxFwdOp", "reference", "tileops-core"): 3,
+    }
+    summary = record.summary()
+    assert "tileops::RMSNormFwdOp" in summary and "reference" in summary and "      3" in summary
+    norm(x)
+    assert sum(record.counts.values()) == 6  # nothing counted after the block
+
+
+def test_unmet_requirements_make_a_kernel_unavailable_with_the_reason(sm80):
+    op = make_op(
+        {
+            "needy": kernel("needy", requires=Requirements(modules=("surely_not_installed_mod",))),
+            "old": kernel("old", requires=Requirements(torch=(99,))),
+            "plain": kernel("plain", general=True),
+        },
+        name="NeedyOp",
+    )()
+    text = op.explain(INTERFACE, call()).text
+    assert (
+        "needy [module dispatch_kit]: unavailable: needs the Python module "
+        "'surely_not_installed_mod', which is not installed"
+    ) in text
+    assert (
+        f"old [module dispatch_kit]: unavailable: needs torch >= 99, this is {torch.__version__}"
+        in text
+    )
+    assert op.kernel_for(INTERFACE, call())() == "plain"
+
+
+def test_requires_must_be_a_requirements():
+    with pytest.raises(KernelDeclarationError, match="requires must be a tileops.Requirements"):
+        kernel("Odd", requires=("tilelang",))

@@ -1,0 +1,110 @@
+"""Every BatchNorm and GEMM kernel, for a representative call of its region, compiles for each
+arch it declares among sm_80 and sm_90 (cubin, no GPU), into the session's TileLang cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from cuda_grid import SIMULATED, bn_call, gemm_call
+
+import tileops_cuda
+from tileops.ops import BatchNormFwdOp, GemmOp
+from tileops.testing import simulate_device
+from tileops_cuda import batch_norm, gemm
+
+# One call per kernel, inside its region on both simulated devices; dtypes and flags vary so
+# that between them every code path of the epilogues compiles.
+BN_CALLS = {
+    "tilelang_bn_thread_channel": bn_call(16, 1000, 2, torch.bfloat16),
+    "tilelang_bn_block_channel": bn_call(32, 64, 196, torch.float16, param_dtype=torch.float32),
+    "tilelang_bn_split_channel": bn_call(4, 128, 1 << 20, torch.bfloat16),
+    "tilelang_bn_tiled": bn_call(256, 1024, 196, torch.float32),
+    "tilelang_bn_infer": bn_call(32, 256, 3136, torch.bfloat16, has_weight=False),
+}
+GEMM_CALLS = {
+    "tilelang_gemm": gemm_call(4096, 1001, 999, torch.float16),  # misaligned n and k
+    "tilelang_gemm_hopper": gemm_call(4096, 4096, 4096, torch.bfloat16),
+    "tilelang_gemm_skinny": gemm_call(1, 4096, 4096, torch.bfloat16),  # split k: two kernels
+}
+CALLS = {BatchNormFwdOp: BN_CALLS, GemmOp: GEMM_CALLS}
+CASES = [
+    (key, cls, arch)
+    for op, calls in CALLS.items()
+    for key, cls in tileops_cuda.KERNELS[op].items()
+    for arch in (80, 90)
+    if arch in cls.supported_archs
+]
+
+
+def build(cls, call, arch: int):
+    with simulate_device("cuda:0", arch=arch, **SIMULATED[arch]):
+        assert cls.refusal(call) is None, cls.refusal(call)
+        identity, make = cls.entry_for(call)
+        return identity, make()
+
+
+def sources(kernel) -> list[str]:
+    return [compiled.get_kernel_source() for compiled in kernel.compiled]
+
+
+@pytest.mark.parametrize("key,cls,arch", CASES, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_kernel_compiles_to_cubin(key, cls, arch, tilelang_cache):
+    call = {**BN_CALLS, **GEMM_CALLS}[key]
+    identity, kernel = build(cls, call, arch)
+    assert identity[0] == arch
+    assert kernel.compiled, "an entry holds at least one kernel"
+    for compiled in kernel.compiled:
+        assert compiled.target.attrs["arch"] == f"sm_{arch}{cls.__dict__.get('features', '')}"
+        assert "__global__" in compiled.get_kernel_source()
+        assert tilelang_cache in compiled._tilelang_cache_path
+
+
+def test_split_channel_entry_holds_the_partial_and_finish_kernels(tilelang_cache):
+    call = BN_CALLS["tilelang_bn_split_channel"]
+    _, kernel = build(batch_norm.BatchNormSplitChannel, call, 90)
+    partials, finish = sources(kernel)
+    assert "float* __restrict__ P" in partials and "Y" not in partials.split("{")[0]
+    assert "const float* __restrict__ P" in finish and "bfloat16_t* __restrict__ Y" in finish
+
+
+def test_batch_norm_without_affine_or_stats_compiles(tilelang_cache):
+    call = bn_call(64, 512, 784, torch.bfloat16, has_weight=False, has_bias=False,
+                   has_running_stats=False)  # fmt: skip
+    _, kernel = build(batch_norm.BatchNormTiled, call, 90)
+    assert "__global__" in sources(kernel)[0]
+
+
+def test_mixed_precision_batch_norm_reads_float32_parameters(tilelang_cache):
+    _, kernel = build(batch_norm.BatchNormBlockChannel, BN_CALLS["tilelang_bn_block_channel"], 80)
+    (source,) = sources(kernel)
+    assert "float* __restrict__ RM" in source and "half_t* __restrict__ X" in source
+
+
+def test_hopper_gemm_uses_tma_and_wgmma(tilelang_cache):
+    _, kernel = build(gemm.GemmHopper, GEMM_CALLS["tilelang_gemm_hopper"], 90)
+    (source,) = sources(kernel)
+    assert "tl::tma_load" in source and "CUtensorMap" in source  # TMA, descriptors by value
+    assert "tl::wgmma_ss" in source  # warpgroup MMA from shared memory
+    assert "warpgroup_reg_alloc" in source  # producer / consumer warp specialization
+
+
+def test_general_gemm_on_sm_90_stays_on_mma_sync(tilelang_cache):
+    """It serves what TMA cannot take, so TileLang's TMA and wgmma lowerings stay off."""
+    _, kernel = build(gemm.GemmGeneral, GEMM_CALLS["tilelang_gemm"], 90)
+    (source,) = sources(kernel)
+    assert "wgmma" not in source and "tma_load" not in source
+    assert "mma" in source and "cp_async" in source
+
+
+def test_skinny_gemm_splits_k_into_float32_partials(tilelang_cache):
+    _, kernel = build(gemm.GemmSkinny, GEMM_CALLS["tilelang_gemm_skinny"], 80)
+    partial, reduce = sources(kernel)
+    assert "float* __restrict__ C" in partial
+    assert "const float* __restrict__ P" in reduce and "bfloat16_t* __restrict__ C" in reduce
+
+
+def test_gemm_with_k_zero_builds_nothing():
+    _, kernel = build(gemm.GemmGeneral, gemm_call(5, 7, 0), 80)
+    assert kernel.compiled == []
+    zeros = kernel(torch.ones(5, 0, dtype=torch.bfloat16), torch.ones(0, 7, dtype=torch.bfloat16))
+    assert zeros.shape == (5, 7) and not zeros.any()

@@ -1,0 +1,214 @@
+"""BatchNorm and GEMM kernels against the torch reference kernels on a real GPU (skipped
+without CUDA): each kernel on calls of its region, then the dispatched ops on a shape grid
+that includes ResNet-50's BatchNorm layers at batch 32 and 256 and decode-sized GEMMs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from cuda_grid import bn_call, gemm_call
+
+from tileops.ops import BatchNormFwdOp, GemmOp
+from tileops.ops.norm.batch_norm import BatchNormInferReference, BatchNormTrainReference
+from tileops_cuda import batch_norm, gemm
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda_kernels_only")]
+
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+# ResNet-50's BatchNorm layers (channels, height * width) in torchvision's layout.
+RESNET50 = [(64, 12544), (64, 3136), (256, 3136), (128, 3136), (128, 784), (512, 784),
+            (256, 784), (256, 196), (1024, 196), (512, 196), (512, 49), (2048, 49)]  # fmt: skip
+BN_SHAPES = [(b, c, s) for b in (32, 256) for c, s in RESNET50] + [
+    (4, 128, 1024 * 1024),
+    (64, 4096, 1),  # BatchNorm1d after a linear layer
+    (3, 5, 7),
+    (2, 3, 16385),  # odd spatial: vectors of one element
+]
+# Per kernel: calls inside its region on an H200 (132 SMs).
+BN_REGIONS = {
+    batch_norm.BatchNormThreadChannel: [(16, 1000, 2), (3, 70, 1), (1, 5, 32)],
+    batch_norm.BatchNormBlockChannel: [(32, 64, 196), (5, 7, 9), (256, 2048, 49)],
+    batch_norm.BatchNormSplitChannel: [(32, 64, 3136), (2, 3, 16385), (4, 128, 1 << 20)],
+    batch_norm.BatchNormTiled: [(256, 1024, 196), (3, 300, 6001), (32, 2048, 49)],
+}
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30))
+
+
+def bn_inputs(shape, dtype, pdtype=None, mean=0.5, affine=True, stats=True):
+    """x with a non-zero mean (large means check the variance is not E[x^2] - E[x]^2)."""
+    b, c, s = shape
+    pdtype = pdtype or dtype
+    x = (torch.randn(shape, device="cuda") * 2 + mean).to(dtype)
+    w, bias = (torch.randn(c, device="cuda").to(pdtype) if affine else None for _ in range(2))
+    rm = torch.randn(c, device="cuda").to(pdtype) if stats else None
+    rv = (torch.rand(c, device="cuda") + 0.5).to(pdtype) if stats else None
+    return x, w, bias, rm, rv
+
+
+def _clone(args):
+    return [None if t is None else t.clone() for t in args]
+
+
+def _check_train(kernel, args, dtype) -> None:
+    ours, theirs = _clone(args), _clone(args)
+    got = kernel(*ours)
+    want = BatchNormTrainReference(1e-5, 0.1)(*theirs)
+    assert got.shape == args[0].shape and got.dtype == args[0].dtype and got.is_contiguous()
+    assert _rel_err(got, want) < TOLERANCE[dtype]
+    for a, b in zip(ours[3:], theirs[3:], strict=True):
+        if a is not None:
+            assert _rel_err(a, b) < TOLERANCE[a.dtype]
+
+
+@pytest.mark.parametrize(
+    "cls,shape",
+    [(cls, shape) for cls, shapes in BN_REGIONS.items() for shape in shapes],
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_training_kernel_matches_reference(cls, shape, dtype):
+    call = bn_call(*shape, dtype)
+    if cls.refusal(call) is not None:
+        pytest.skip(f"not this kernel's region on this device: {cls.refusal(call)}")
+    _check_train(cls.entry_for(call)[1](), bn_inputs(shape, dtype), dtype)
+
+
+@pytest.mark.parametrize("cls", list(BN_REGIONS), ids=lambda c: c.__name__)
+@pytest.mark.parametrize("affine,stats", [(False, False), (True, False), (False, True)])
+def test_training_kernel_optional_tensors(cls, affine, stats):
+    shape = BN_REGIONS[cls][0]
+    call = bn_call(*shape, torch.float32, has_weight=affine, has_bias=affine,
+                   has_running_stats=stats)  # fmt: skip
+    if cls.refusal(call) is not None:
+        pytest.skip(cls.refusal(call))
+    args = bn_inputs(shape, torch.float32, affine=affine, stats=stats)
+    _check_train(cls.entry_for(call)[1](), args, torch.float32)
+
+
+@pytest.mark.parametrize("cls", list(BN_REGIONS), ids=lambda c: c.__name__)
+def test_training_variance_survives_a_large_mean(cls):
+    """mean 1000, std 2: E[x^2] - E[x]^2 would lose the variance in float32; Welford keeps it."""
+    shape = BN_REGIONS[cls][0]
+    call = bn_call(*shape, torch.float32)
+    if cls.refusal(call) is not None:
+        pytest.skip(cls.refusal(call))
+    args = bn_inputs(shape, torch.float32, mean=1000.0)
+    _check_train(cls.entry_for(call)[1](), args, torch.float32)
+
+
+@pytest.mark.parametrize("shape", BN_SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("training", [True, False])
+def test_dispatched_batch_norm_matches_torch(shape, dtype, training):
+    args = bn_inputs(shape, dtype)
+    op = BatchNormFwdOp(shape[1], training=training)
+    ours, theirs = _clone(args), _clone(args)
+    got = op(*ours)
+    x, w, b, rm, rv = theirs
+    rm, rv = rm.float().clone(), rv.float().clone()  # torch updates these float32 copies
+    want = F.batch_norm(x.float(), rm, rv, w.float(), b.float(), training)
+    assert _rel_err(got, want) < TOLERANCE[dtype]
+    if training:
+        assert _rel_err(ours[3], rm) < TOLERANCE[dtype]
+        assert _rel_err(ours[4], rv) < TOLERANCE[dtype]
+    interface = "batch_norm_fwd_train" if training else "batch_norm_fwd_infer"
+    assert op.key_for(interface, bn_call(*shape, dtype)).startswith("tilelang_bn_")
+
+
+@pytest.mark.parametrize("shape", [(32, 64, 3136), (256, 2048, 49), (64, 4096, 1)], ids=str)
+@pytest.mark.parametrize("training", [True, False])
+def test_mixed_precision_batch_norm_matches_torch(shape, training):
+    """bfloat16 x, float32 weight, bias and running stats (autocast's layout)."""
+    args = bn_inputs(shape, torch.bfloat16, torch.float32)
+    op = BatchNormFwdOp(shape[1], training=training)
+    ours, theirs = _clone(args), _clone(args)
+    got = op(*ours)
+    want = F.batch_norm(theirs[0], theirs[3], theirs[4], theirs[1], theirs[2], training)
+    assert got.dtype == torch.bfloat16 and ours[3].dtype == torch.float32
+    assert _rel_err(got, want) < TOLERANCE[torch.bfloat16]
+    if training:
+        assert _rel_err(ours[4], theirs[4]) < 1e-5
+
+
+@pytest.mark.parametrize("shape", [(32, 256, 3136), (5, 7, 9), (64, 4096, 1)], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_inference_kernel_matches_reference(shape, dtype):
+    call = bn_call(*shape, dtype)
+    args = bn_inputs(shape, dtype)
+    got = batch_norm.BatchNormInfer.entry_for(call)[1]()(*args)
+    assert _rel_err(got, BatchNormInferReference(1e-5)(*args)) < TOLERANCE[dtype]
+
+
+# -- GEMM ------------------------------------------------------------------------------------
+
+GEMM_SHAPES = [
+    (4096, 4096, 4096),
+    (8192, 8192, 8192),
+    (65, 4096, 4096),
+    (1000, 1001, 999),  # misaligned n and k: the general kernel
+    (4096, 4095, 4096),
+    (7, 13, 5),
+    (1, 4096, 4096),  # decode: skinny
+    (16, 4096, 11008),
+    (33, 11008, 4096),
+    (64, 14336, 4096),
+    (64, 4095, 4097),
+]
+GEMM_KERNELS = {
+    gemm.GemmGeneral: GEMM_SHAPES,
+    gemm.GemmHopper: [s for s in GEMM_SHAPES if s[1] % 8 == 0 and s[2] % 8 == 0],
+    gemm.GemmSkinny: [s for s in GEMM_SHAPES if s[0] <= 64],
+}
+
+
+def runs_here(cls) -> bool:
+    major, minor = torch.cuda.get_device_capability()
+    return 10 * major + minor in cls.supported_archs
+
+
+def _gemm_inputs(m, n, k, dtype):
+    return torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda",
+                                                                      dtype=dtype)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "cls,shape",
+    [(cls, s) for cls, shapes in GEMM_KERNELS.items() for s in shapes],
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gemm_kernel_matches_reference(cls, shape, dtype):
+    call = gemm_call(*shape, dtype)
+    if cls.refusal(call) is not None or not runs_here(cls):
+        pytest.skip("not this kernel's region or arch on this device")
+    a, b = _gemm_inputs(*shape, dtype)
+    got = cls.entry_for(call)[1]()(a, b)
+    want = a.float() @ b.float()
+    assert got.shape == want.shape and got.dtype == dtype and got.is_contiguous()
+    assert _rel_err(got, want) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("shape", GEMM_SHAPES + [(128, 64, 0), (3, 5, 0)], ids=str)
+def test_dispatched_gemm_matches_torch(shape):
+    a, b = _gemm_inputs(*shape, torch.bfloat16)
+    got = GemmOp()(a, b)
+    want = a.float() @ b.float()
+    if shape[2] == 0:
+        assert not got.any()
+    else:
+        assert _rel_err(got, want) < TOLERANCE[torch.bfloat16]
+
+
+def test_hopper_gemm_takes_an_unaligned_view():
+    """A view starting off a 16-byte boundary is copied before TMA reads it."""
+    a, b = _gemm_inputs(4097, 4096, 4096, torch.bfloat16)
+    a = a.view(-1)[3 : 3 + 4096 * 4096].view(4096, 4096)
+    call = gemm_call(4096, 4096, 4096, torch.bfloat16)
+    if not runs_here(gemm.GemmHopper):
+        pytest.skip("needs sm_90")
+    got = gemm.GemmHopper.entry_for(call)[1]()(a, b)
+    assert _rel_err(got, a.float() @ b.float()) < TOLERANCE[torch.bfloat16]

@@ -1,0 +1,246 @@
+"""Which BatchNorm and GEMM key serves which call, on simulated sm_80, sm_86 and sm_90 devices
+(no GPU needed): region edges, every accepted call served, and no ambiguity beside Triton."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from cuda_grid import SIMULATED, bn_call, gemm_call
+
+import tileops_cuda
+from tileops.ops import BatchNormFwdOp, GemmOp
+from tileops.testing import simulate_device
+from tileops_cuda import batch_norm, gemm
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+TRAIN, INFER = "batch_norm_fwd_train", "batch_norm_fwd_infer"
+
+
+def bn_key(call, arch: int, training: bool = True) -> str:
+    with simulate_device("cuda:0", arch=arch, **SIMULATED[arch]):
+        op = BatchNormFwdOp(call.channels, training=training)
+        return op.key_for(TRAIN if training else INFER, call)
+
+
+def gemm_key(call, arch: int) -> str:
+    with simulate_device("cuda:0", arch=arch, **SIMULATED[arch]):
+        return GemmOp().key_for("gemm", call)
+
+
+# (batch, channels, spatial, arch) -> key at every edge; split/tiled turn at 2 x SMs channels.
+BN_EDGES = [
+    ((8, 4096, 4), 90, "tilelang_bn_thread_channel"),  # n = 32
+    ((1, 3, 1), 80, "tilelang_bn_thread_channel"),
+    ((3, 5, 11), 90, "tilelang_bn_block_channel"),  # n = 33
+    ((32, 64, 512), 90, "tilelang_bn_block_channel"),  # n = 16384
+    ((32, 2048, 49), 80, "tilelang_bn_block_channel"),  # ResNet-50 layer4 at batch 32
+    ((1, 8, 16385), 90, "tilelang_bn_split_channel"),
+    ((32, 64, 3136), 90, "tilelang_bn_split_channel"),  # ResNet-50 layer1
+    ((4, 128, 1 << 20), 80, "tilelang_bn_split_channel"),
+    ((256, 263, 196), 90, "tilelang_bn_split_channel"),  # 263 < 2 x 132
+    ((256, 264, 196), 90, "tilelang_bn_tiled"),
+    ((256, 215, 196), 80, "tilelang_bn_split_channel"),  # 215 < 2 x 108
+    ((256, 216, 196), 80, "tilelang_bn_tiled"),
+    ((256, 1024, 196), 90, "tilelang_bn_tiled"),
+    ((256, 2048, 49), 90, "tilelang_bn_block_channel"),  # ResNet-50 layer4, batch 256
+    ((256, 512, 784), 90, "tilelang_bn_tiled"),  # ResNet-50 layer2 at batch 256
+]
+
+
+@pytest.mark.usefixtures("cuda_kernels_only")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,arch,key", BN_EDGES)
+def test_batch_norm_region_edges(shape, arch, key, dtype):
+    assert bn_key(bn_call(*shape, dtype), arch) == key
+    assert bn_key(bn_call(*shape, dtype), arch, training=False) == "tilelang_bn_infer"
+
+
+def _bn_grid():
+    batches, channels, spatials = (1, 2, 7, 32, 256), (1, 3, 64, 300, 2048), (1, 5, 49, 3136)
+    return [s for s in itertools.product(batches, channels, spatials) if s[0] * s[2] >= 2]
+
+
+@pytest.mark.usefixtures("cuda_kernels_only")
+@pytest.mark.parametrize("arch", [80, 86, 90])
+def test_every_batch_norm_call_is_served(arch):
+    flags = [
+        {},
+        {"has_weight": False, "has_bias": False, "has_running_stats": False},
+        {"has_bias": False, "param_dtype": torch.float32},
+    ]
+    for shape, dtype, extra in itertools.product(_bn_grid(), DTYPES, flags):
+        if extra.get("param_dtype") == torch.float32 and dtype == torch.float32:
+            continue
+        call = bn_call(*shape, dtype, **extra)
+        assert bn_key(call, arch).startswith("tilelang_bn_"), (shape, dtype, extra)
+        assert bn_key(call, arch, training=False) == "tilelang_bn_infer"
+
+
+@pytest.mark.usefixtures("cuda_kernels_only")
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_float64_is_left_to_the_reference(training):
+    call = bn_call(32, 64, 196, torch.float64)
+    with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
+        op = BatchNormFwdOp(64, training=training)
+        explanation = op.explain(TRAIN if training else INFER, call)
+    assert explanation.chosen == ("reference" if training else "reference_infer")
+    for cls in tileops_cuda.KERNELS[BatchNormFwdOp].values():
+        assert "float64" in cls.refusal(call)
+
+
+def test_batch_norm_declarations():
+    keys = tileops_cuda.KERNELS[BatchNormFwdOp]
+    for key, cls in keys.items():
+        assert cls.supported_archs == {80, 86, 89, 90} and cls.devices == {"cuda"}
+        assert not cls.general
+        expected = (
+            set() if key in ("tilelang_bn_tiled", "tilelang_bn_infer") else {"tilelang_bn_tiled"}
+        )
+        assert cls.preferred_over == expected
+        if key != "tilelang_bn_infer":
+            assert key == f"tilelang_bn_{cls.layout}"
+
+
+def test_batch_norm_identities_hold_what_changes_the_code():
+    with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
+        tiled, block = batch_norm.BatchNormTiled, batch_norm.BatchNormBlockChannel
+        base = bn_call(256, 1024, 196)
+        # tiled: batch is symbolic; channels, spatial, eps, flags and dtypes are baked in.
+        assert tiled.entry_for(bn_call(255, 1024, 196))[0] == tiled.entry_for(base)[0]
+        changes = [
+            bn_call(256, 1024, 197),
+            bn_call(256, 1000, 196),
+            bn_call(256, 1024, 196, torch.float16),
+            bn_call(256, 1024, 196, has_bias=False),
+            bn_call(256, 1024, 196, param_dtype=torch.float32),
+            type(base)(**{**base.__dict__, "eps": 1e-3}),
+            type(base)(**{**base.__dict__, "momentum": 0.2}),
+        ]
+        for other in changes:
+            assert tiled.entry_for(other)[0] != tiled.entry_for(base)[0]
+        # block_channel sizes its registers by n: the batch is part of its identity.
+        assert block.entry_for(bn_call(32, 64, 196))[0] != block.entry_for(bn_call(31, 64, 196))[0]
+        # inference ignores momentum and whether a training call would update stats.
+        infer = batch_norm.BatchNormInfer
+        moved = type(base)(**{**base.__dict__, "momentum": 0.5})
+        assert infer.entry_for(moved)[0] == infer.entry_for(base)[0]
+
+
+def test_split_chunks_bucket_batch_sizes():
+    """Batch sizes within a factor of two share the split layout's build."""
+    with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
+        split = batch_norm.BatchNormSplitChannel
+        identities = {split.entry_for(bn_call(b, 64, 3136))[0] for b in (17, 24, 32)}
+        assert len(identities) == 1
+
+
+# -- GEMM ------------------------------------------------------------------------------------
+
+GEMM_EDGES = [
+    ((1, 4096, 4096), 90, "tilelang_gemm_skinny"),
+    ((64, 4096, 4096), 90, "tilelang_gemm_skinny"),
+    ((64, 4095, 4097), 80, "tilelang_gemm_skinny"),  # misaligned: skinny has no TMA
+    ((65, 4096, 4096), 90, "tilelang_gemm_hopper"),
+    ((4096, 4096, 4096), 90, "tilelang_gemm_hopper"),
+    ((4096, 4104, 8), 90, "tilelang_gemm_hopper"),
+    ((4096, 4095, 4096), 90, "tilelang_gemm"),  # n not a multiple of 8
+    ((4096, 4096, 4100), 90, "tilelang_gemm"),  # k not a multiple of 8
+    ((65, 4096, 4096), 80, "tilelang_gemm"),
+    ((4096, 4096, 4096), 86, "tilelang_gemm"),
+    ((128, 64, 0), 90, "tilelang_gemm"),  # k == 0: zeros
+    ((1, 64, 0), 80, "tilelang_gemm"),
+]
+
+
+@pytest.mark.usefixtures("cuda_kernels_only")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape,arch,key", GEMM_EDGES)
+def test_gemm_region_edges(shape, arch, key, dtype):
+    assert gemm_key(gemm_call(*shape, dtype), arch) == key
+
+
+GEMM_GRID = list(
+    itertools.product((1, 16, 63, 64, 65, 127, 4096), (1, 7, 8, 4095, 4096), (0, 1, 8, 4100))
+)
+
+
+@pytest.mark.usefixtures("cuda_kernels_only")
+@pytest.mark.parametrize("arch", [80, 86, 90])
+def test_every_gemm_call_is_served(arch):
+    """16-bit calls by a TileLang key; float32 (tf32 refused) by the reference."""
+    for (m, n, k), dtype in itertools.product(GEMM_GRID, DTYPES):
+        key = gemm_key(gemm_call(m, n, k, dtype), arch)
+        assert key == "reference" if dtype == torch.float32 else key.startswith("tilelang_gemm")
+
+
+def test_gemm_refusals_say_why():
+    with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
+        assert "TMA" in gemm.GemmHopper.refusal(gemm_call(4096, 4095, 4096))
+        assert "tf32" in gemm.GemmGeneral.refusal(gemm_call(64, 64, 64, torch.float32))
+        assert "m <= 64" in gemm.GemmSkinny.refusal(gemm_call(65, 64, 64))
+        assert "float64" in gemm.GemmGeneral.refusal(gemm_call(64, 64, 64, torch.float64))
+
+
+def test_gemm_declarations():
+    keys = tileops_cuda.KERNELS[GemmOp]
+    assert keys["tilelang_gemm_hopper"].supported_archs == {90}
+    assert keys["tilelang_gemm"].supported_archs == {80, 86, 89, 90}
+    assert keys["tilelang_gemm_skinny"].supported_archs == {80, 86, 89, 90}
+    assert keys["tilelang_gemm"].preferred_over == set()
+    assert keys["tilelang_gemm_hopper"].preferred_over == {"tilelang_gemm"}
+    assert keys["tilelang_gemm_skinny"].preferred_over == {"tilelang_gemm", "tilelang_gemm_hopper"}
+    assert not any(cls.general for cls in keys.values())
+
+
+def test_gemm_identities_bake_n_and_k_and_bucket_m():
+    with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
+        hopper, skinny = gemm.GemmHopper, gemm.GemmSkinny
+        base = hopper.entry_for(gemm_call(4096, 4096, 4096))[0]
+        assert hopper.entry_for(gemm_call(8192, 4096, 4096))[0] == base  # same tiles: m free
+        assert hopper.entry_for(gemm_call(4096, 4096, 4104))[0] != base
+        assert hopper.entry_for(gemm_call(4096, 4104, 4096))[0] != base
+        assert hopper.entry_for(gemm_call(4096, 4096, 4096, torch.float16))[0] != base
+        buckets = {skinny.entry_for(gemm_call(m, 4096, 4096))[0] for m in range(1, 65)}
+        assert len(buckets) == 3  # row tiles of 16, 32 and 64
+
+
+def test_tile_rules_follow_the_device():
+    """More multiprocessors than tiles pick a smaller tile; a smaller budget fewer stages."""
+    with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
+        large = gemm.GemmHopper.plan(gemm_call(4096, 4096, 4096))
+        small = gemm.GemmHopper.plan(gemm_call(256, 1024, 4096))
+    assert (large.block_m, large.block_n) == (128, 256)
+    assert (small.block_m, small.block_n) == (64, 128)
+    with simulate_device("cuda:0", arch=86, **SIMULATED[86]):
+        ampere = gemm.GemmGeneral.plan(gemm_call(4096, 4096, 4096))
+    with simulate_device("cuda:0", arch=80, **SIMULATED[80]):
+        a100 = gemm.GemmGeneral.plan(gemm_call(4096, 4096, 4096))
+    for tile, budget in ((ampere, 101376), (a100, 166912)):
+        assert tile.stages * tile.stage_bytes(2) <= budget - gemm.SMEM_RESERVE
+    assert ampere.stages < a100.stages or ampere.stages == gemm.MAX_STAGES
+
+
+# -- beside the Triton backend (installed in this environment) -------------------------------
+
+BESIDE_TRITON = {**SIMULATED, 75: {"sm_count": 40, "calibration": "Tesla T4", "smem_budget": 65536}}
+
+
+@pytest.mark.parametrize("arch", sorted(BESIDE_TRITON))
+def test_no_call_is_ambiguous_beside_triton(arch):
+    """Triton steps aside where a TileLang GEMM serves and serves float32 and older archs."""
+    pytest.importorskip("tileops_triton")
+    with simulate_device("cuda:0", arch=arch, **BESIDE_TRITON[arch]):
+        op = GemmOp()
+        for (m, n, k), dtype in itertools.product(GEMM_GRID, DTYPES):
+            explanation = op.explain("gemm", gemm_call(m, n, k, dtype))
+            assert explanation.chosen is not None, explanation.text
+            cuda = arch in (80, 86, 90) and dtype != torch.float32
+            assert explanation.chosen.startswith("tilelang_gemm") == cuda, explanation.text
+        for shape, dtype in itertools.product(_bn_grid()[::7], DTYPES):
+            for training, interface in ((True, TRAIN), (False, INFER)):
+                chosen = BatchNormFwdOp(shape[1], training=training).explain(
+                    interface, bn_call(*shape, dtype)
+                )
+                assert chosen.chosen is not None

@@ -1,0 +1,149 @@
+"""`tileops doctor`: is this environment in shape, and what to do about each problem.
+
+Facts first (versions, GPUs, operator settings), then findings, each with a remedy. Problems
+that break dispatch for someone (a backend that failed to load, an op that cannot be
+constructed) make the exit status 1; suspicious declarations are warnings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import platform
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .. import backend, hints, observe
+from ..backend.plugins import LOADER
+from ..backend.registry import REGISTRY
+from ..errors import KernelDeclarationError
+from ..table import table_for
+from .output import Outcome
+
+PACKAGES = ("torch", "triton", "tilelang", "pluggy")
+"""Third-party packages whose versions matter to tileops (read from metadata, not imported)."""
+
+SETTINGS_PREFIX = "TILEOPS_"
+"""Every environment variable of this prefix is shown: backends lists, logs, operator rules."""
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser("doctor", help="versions, GPUs, load failures, settings, advice")
+    parser.set_defaults(run=run)
+
+
+@dataclass(frozen=True)
+class Problem:
+    severe: bool
+    text: str
+    remedy: str
+
+    def render(self) -> str:
+        return f"  {'ERROR' if self.severe else 'warning'}: {self.text}\n    -> {self.remedy}"
+
+
+def run(args: argparse.Namespace) -> Outcome:
+    LOADER.ensure_loaded()
+    problems = [*load_problems(), *op_problems(), *hint_problems(), *log_problems()]
+    lines = ["Versions:", *versions(), "GPUs:", *gpus(), "Settings:", *settings()]
+    lines.append("Problems:" if problems else "Problems: none")
+    lines += [p.render() for p in problems]
+    return Outcome("\n".join(lines), 1 if any(p.severe for p in problems) else 0)
+
+
+def versions() -> list[str]:
+    lines = [f"  python {platform.python_version()} ({platform.platform()})"]
+    for name in PACKAGES:
+        lines.append(f"  {name} {_version(name)}")
+    dists = sorted(
+        {d.metadata["Name"] for d in importlib.metadata.distributions()}
+        & ({"tileops-core"} | {b.distribution for b in backend.backends()})
+    )
+    lines += [f"  {name} {_version(name)}" for name in dists]
+    return lines
+
+
+def _version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def gpus() -> list[str]:
+    build = f"torch built with CUDA {torch.version.cuda or '-'}, ROCm {torch.version.hip or '-'}"
+    if not torch.cuda.is_available():
+        return [f"  none visible ({build}); ops run on the CPU through the reference kernels"]
+    lines = [f"  {build}"]
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        smem = getattr(props, "shared_memory_per_block_optin", 0)
+        lines.append(
+            f"  cuda:{index} {props.name}: sm_{props.major}{props.minor}, "
+            f"{props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB, "
+            f"{smem} B shared memory per block"
+        )
+    return lines
+
+
+def settings() -> list[str]:
+    lines = [
+        f"  {name}={value!r}"
+        for name, value in sorted(os.environ.items())
+        if name.startswith(SETTINGS_PREFIX)
+    ]
+    lines.append(f"  default target: {REGISTRY.default_target or 'none (detectors decide)'}")
+    return lines if len(lines) > 1 else ["  no TILEOPS_* variable set", *lines]
+
+
+def load_problems() -> list[Problem]:
+    found = []
+    for failure in LOADER.failures:
+        if failure.distribution == "operator setting":
+            remedy = "fix or remove the entry the message names in that TILEOPS_* variable"
+        elif failure.distribution == "not installed":
+            remedy = "fix the name in the variable, or install the backend that provides it"
+        elif "protocol" in failure.error:
+            remedy = "upgrade the side the message names, so both speak one protocol"
+        else:
+            remedy = (
+                f"reinstall or fix {failure.distribution}; meanwhile "
+                f"TILEOPS_DISABLE_BACKENDS={failure.entry_point} skips it without this warning"
+            )
+        found.append(Problem(True, f"backend not loaded: {failure}", remedy))
+    return found
+
+
+def op_problems() -> list[Problem]:
+    found = []
+    for name, op_cls in sorted(REGISTRY.known_ops.items()):
+        try:
+            table_for(op_cls)
+        except KernelDeclarationError as exc:
+            remedy = "fix the kernel class the message names, or uninstall its backend"
+            found.append(Problem(True, f"{name} cannot be constructed: {exc}", remedy))
+    return found
+
+
+def hint_problems() -> list[Problem]:
+    remedy = "fix the declaration on the kernel class (its backend's maintainers can)"
+    return [Problem(False, str(hint), remedy) for hint in hints.installed_hints()]
+
+
+def log_problems() -> list[Problem]:
+    unknown = [
+        n.strip()
+        for n in os.environ.get(observe.LOG_VARIABLE, "").split(",")
+        if n.strip() and n.strip() not in observe.LOGGERS
+    ]
+    return [
+        Problem(
+            False,
+            f"{observe.LOG_VARIABLE} names {name!r}, which is no tileops log",
+            f"use one of: {', '.join(observe.LOGGERS)}",
+        )
+        for name in unknown
+    ]

@@ -1,0 +1,313 @@
+"""The operator's say over selection: deny keys, add preferences, pin keys, strict fallbacks.
+
+Process-wide rules come from the environment, read once after the backends load:
+
+    TILEOPS_DENY="RMSNormFwdOp.rms_norm=acme,GemmOp=triton"   (no interface: every interface)
+    TILEOPS_PREFER="RMSNormFwdOp.rms_norm=fastnorm_rms>acme"
+    TILEOPS_PIN="RMSNormFwdOp.rms_norm=tilelang_block_row"
+    TILEOPS_STRICT=1   (a GPU call that only a `general` fallback serves raises)
+
+and from `prefer(...)` at run time. Like registrations, they shape the kernel tables of op
+instances constructed after them. Names that match nothing are recorded in
+`tileops.backend.load_failures()` with a warning, as unknown backend names are.
+
+`pinned(...)` pins a key for the calls inside a `with` block only (per thread and task, through
+a context variable). While no block is active anywhere, op instances read their plain hit cache:
+the hit path pays nothing for pins or records that nobody uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import os
+import threading
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .errors import ControlError
+
+if TYPE_CHECKING:
+    from .op import Op
+
+DENY, PREFER, PIN = "TILEOPS_DENY", "TILEOPS_PREFER", "TILEOPS_PIN"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One operator rule: on `op` (a name as the user wrote it), `interface` (None: all)."""
+
+    origin: str  # the variable, or the API call, that made it
+    op: str
+    interface: str | None
+    keys: tuple[str, ...]  # deny/pin: (key,); prefer: (winner, loser)
+    source: Any = None  # who made it through the API (a registry entry needs one)
+
+    def __str__(self) -> str:
+        target = self.op if self.interface is None else f"{self.op}.{self.interface}"
+        return f"{self.origin} {target}={'>'.join(self.keys)}"
+
+
+@dataclass
+class InterfaceRules:
+    """The rules that apply to one interface of one op class."""
+
+    denied: dict[str, str] = field(default_factory=dict)  # key -> origin
+    pin: tuple[str, str] | None = None  # (key, origin)
+    edges: dict[tuple[str, str], str] = field(default_factory=dict)  # (winner, loser) -> origin
+
+
+class Rules:
+    """Every operator rule of the process; `for_op` resolves them against one op class."""
+
+    def __init__(self) -> None:
+        self.rules: list[Rule] = []
+
+    def load_environment(self) -> list[tuple[str, str]]:
+        """Read the variables; returns (origin, problem) for every entry that cannot parse."""
+        problems = []
+        for variable, split in ((DENY, False), (PIN, False), (PREFER, True)):
+            for entry in filter(None, (e.strip() for e in os.environ.get(variable, "").split(","))):
+                rule = _parse(variable, entry, split)
+                if isinstance(rule, str):
+                    problems.append((variable, rule))
+                else:
+                    self.rules.append(rule)
+        return problems
+
+    def for_op(self, op_cls: type[Op]) -> dict[str, InterfaceRules]:
+        from .backend.registry import REGISTRY
+
+        found = {name: InterfaceRules() for name in op_cls.interfaces}
+        for rule in [*self.rules, *REGISTRY.rules()]:
+            if not _names(op_cls, rule.op):
+                continue
+            for interface in [rule.interface] if rule.interface else list(op_cls.interfaces):
+                if interface not in found:
+                    continue
+                rules = found[interface]
+                if rule.origin.startswith(DENY):
+                    rules.denied[rule.keys[0]] = rule.origin
+                elif rule.origin.startswith(PIN):
+                    rules.pin = (rule.keys[0], rule.origin)
+                else:
+                    rules.edges[rule.keys] = rule.origin
+        return found
+
+    def unmatched(self, known_ops: dict[str, type], keys_of: Any) -> list[str]:
+        """Sentences for the rules that name no op, no interface or no installed key."""
+        problems = []
+        for rule in self.rules:
+            ops = [cls for cls in known_ops.values() if _names(cls, rule.op) and cls.interfaces]
+            if not ops:
+                problems.append(f"{rule} names op {rule.op!r}, which no installed op has")
+                continue
+            for op_cls in ops:
+                if rule.interface and rule.interface not in op_cls.interfaces:
+                    problems.append(
+                        f"{rule} names interface {rule.interface!r}, which {op_cls.op_name} lacks "
+                        f"(it has {', '.join(op_cls.interfaces)})"
+                    )
+                    continue
+                missing = [k for k in rule.keys if k not in keys_of(op_cls)]
+                if missing:
+                    problems.append(
+                        f"{rule} names key {missing[0]!r}, which no installed kernel of "
+                        f"{op_cls.op_name} has"
+                    )
+        return problems
+
+
+def _names(op_cls: type, name: str) -> bool:
+    return name in (op_cls.op_name, op_cls.op_name.rpartition("::")[2])
+
+
+def _parse(origin: str, entry: str, pair: bool) -> Rule | str:
+    target, sep, value = entry.partition("=")
+    namespace, colons, rest = target.strip().rpartition("::")
+    op, dot, interface = rest.partition(".")
+    keys = tuple(k.strip() for k in value.split(">")) if pair else (value.strip(),)
+    if not sep or not op or (dot and not interface) or not all(keys) or len(keys) != 1 + pair:
+        shape = "OP[.INTERFACE]=WINNER>LOSER" if pair else "OP[.INTERFACE]=KEY"
+        return f"{origin} entry {entry!r} is not of the form {shape}"
+    return Rule(origin, f"{namespace}{colons}{op}", interface or None, keys)
+
+
+RULES = Rules()
+
+
+def prefer(op: type | str, interface: str, winner: str, loser: str) -> None:
+    """Make `winner` preferred over `loser` on `op`'s `interface`: the operator settles an
+    ambiguity between two backends that cannot know each other's keys. Reaches op instances
+    constructed afterwards; a cycle with the declared preferences is refused then."""
+    op_cls = _check_target(op, interface, "prefer")
+    keys = _installed_keys(op_cls)
+    for key in (winner, loser):
+        if key not in keys:
+            raise ControlError(
+                f"tileops.prefer: {op_cls.op_name} has no kernel {key!r}; it has "
+                f"{', '.join(sorted(keys))}"
+            )
+    from .backend.registry import REGISTRY
+    from .provenance import caller_source
+
+    rule = Rule("tileops.prefer()", op_cls.op_name, interface, (winner, loser), caller_source())
+    # Kept in the registry: a transaction (isolated_registry) undoes it like a registration.
+    REGISTRY.add(("rule", rule), rule, lambda existing: ControlError(f"{rule} is set already"))
+
+
+# -- scoped pins and records ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What the `with` blocks around the current context ask of dispatch."""
+
+    pins: dict[tuple[type, str], str]
+    records: tuple[Any, ...]
+
+
+_scope: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("tileops_scope", default=None)
+
+
+class ScopedHits:
+    """Stands in for an op's hit cache while some pin or record is active in the process: a
+    hit then consults the current context's scope (and the plain cache when it has none)."""
+
+    def __init__(self, op: Op) -> None:
+        self.op = op
+
+    def get(self, key: tuple) -> Any:
+        table = self.op._table
+        det = torch._C._get_deterministic_algorithms()
+        scope = _scope.get()
+        if scope is None:
+            return table.modes[det][0].get(key)
+        return table.scoped_hit(key, scope, det)
+
+
+class Scopes:
+    """Decides which cache each live op's hits read, so that a hit is one plain dict lookup
+    while no pin or record is active anywhere: the cache of the current determinism mode, or,
+    while some scope is active, a `ScopedHits` that consults the caller's context.
+
+    Switching happens on the first and last scope, and when torch's determinism flag changes
+    through `torch.use_deterministic_algorithms` (watched: torch offers no callback)."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.lock = threading.Lock()
+        self.ops: weakref.WeakSet[Op] = weakref.WeakSet()
+
+    def attach(self, op: Op) -> None:
+        """Give `op` the caches matching the current state (called at construction)."""
+        with self.lock:
+            self.ops.add(op)
+            self._set(op)
+
+    @contextlib.contextmanager
+    def enter(self, **changes: Any) -> Iterator[Scope]:
+        outer = _scope.get() or Scope({}, ())
+        scope = Scope(
+            {**outer.pins, **changes.get("pins", {})}, outer.records + changes.get("records", ())
+        )
+        token = _scope.set(scope)
+        self._count(+1)
+        try:
+            yield scope
+        finally:
+            _scope.reset(token)
+            self._count(-1)
+
+    def _count(self, delta: int) -> None:
+        with self.lock:
+            before = self.active
+            self.active += delta
+            if (before == 0) != (self.active == 0):
+                self._set_all()
+
+    def refresh(self) -> None:
+        """Point every live op at the caches of the current state (the determinism flag)."""
+        with self.lock:
+            self._set_all()
+
+    def _set_all(self) -> None:
+        for op in list(self.ops):
+            self._set(op)
+
+    def _set(self, op: Op) -> None:
+        if self.active:
+            op._hits = ScopedHits(op)
+        else:
+            op._hits = op._table.modes[torch._C._get_deterministic_algorithms()][0]
+
+
+SCOPES = Scopes()
+
+
+def _watch_determinism() -> None:
+    """Wrap torch.use_deterministic_algorithms so that flipping it re-points op caches: the
+    switch takes effect on the next call, at no cost to hits."""
+    original = torch.use_deterministic_algorithms
+    if getattr(original, "_tileops_watched", False):
+        return
+
+    @functools.wraps(original)
+    def use_deterministic_algorithms(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        SCOPES.refresh()
+
+    use_deterministic_algorithms._tileops_watched = True
+    torch.use_deterministic_algorithms = use_deterministic_algorithms
+
+
+_watch_determinism()
+
+
+@contextlib.contextmanager
+def pinned(op: type | str, interface: str, key: str) -> Iterator[None]:
+    """Inside the block, calls of `op`'s `interface` use kernel `key` (in this thread or task
+    only). A pinned key that is unavailable or refuses a call raises the `no implementation
+    serves this call` error with its own reason: a pin never falls back."""
+    op_cls = _check_target(op, interface, "pinned")
+    if key not in _installed_keys(op_cls):
+        raise ControlError(
+            f"tileops.pinned: {op_cls.op_name} has no kernel {key!r}; it has "
+            f"{', '.join(sorted(_installed_keys(op_cls)))}"
+        )
+    with SCOPES.enter(pins={(op_cls, interface): key}):
+        yield
+
+
+def current_pin(op_cls: type, interface: str) -> str | None:
+    scope = _scope.get()
+    return None if scope is None else scope.pins.get((op_cls, interface))
+
+
+def _check_target(op: type | str, interface: str, api: str) -> type:
+    from .backend.plugins import LOADER
+    from .backend.registry import REGISTRY
+
+    LOADER.ensure_loaded()
+    op_cls = REGISTRY.op_class(op)
+    if interface not in op_cls.interfaces:
+        raise ControlError(
+            f"tileops.{api}: {op_cls.op_name} has no interface {interface!r}; it has "
+            f"{', '.join(op_cls.interfaces)}"
+        )
+    return op_cls
+
+
+def _installed_keys(op_cls: type) -> set[str]:
+    from .backend.registry import REGISTRY
+
+    return set(op_cls.kernel_types) | set(REGISTRY.kernel_types(op_cls))
+
+
+def strict() -> bool:
+    return os.environ.get("TILEOPS_STRICT", "") not in ("", "0")

@@ -1,0 +1,704 @@
+"""BatchNorm forward kernels in TileLang: four training layouts and one inference kernel.
+
+x arrives as a contiguous (batch, channels, spatial) tensor, so one channel's n = batch * spatial
+values are `batch` runs of `spatial` contiguous elements, `channels * spatial` apart. Every
+kernel reads them as vectors of `vec` elements, the widest of at most 16 bytes that divides
+`spatial` (a vector never straddles two runs and stays aligned). Statistics are float32: two
+passes (mean, then squared deviations) where a channel is held, Welford/Chan merges of
+(count, mean, M2) where it is streamed; never E[x^2] - E[x]^2.
+
+Which training layout serves a call (n = batch * spatial values per channel, C channels):
+
+| key                        | channel held in        | blocks     | owns                       |
+|----------------------------|------------------------|------------|----------------------------|
+| tilelang_bn_thread_channel | one thread (L1)        | C / 128    | n <= THREAD_VALUES (32)    |
+| tilelang_bn_block_channel  | registers of one block | C          | 32 < n <= REGISTER_ROW_MAX |
+| tilelang_bn_split_channel  | nowhere: two kernels   | C x splits | longer n, C < 2 x SMs      |
+| tilelang_bn_tiled          | nowhere: tiles stream  | C          | every call (the fallback)  |
+
+The first three are preferred over tiled, which serves what they refuse: long channels on a
+device that C blocks already fill twice over. Inference reads the running statistics: one pass,
+one kernel (`tilelang_bn_infer`).
+
+Symbolic vs baked: channels and spatial are the layer's shape and are baked in (they fix the
+vector width and the index arithmetic); batch is symbolic (one build serves every batch size),
+except in block_channel, whose register layout is sized by n.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any, ClassVar
+
+import torch
+
+from tileops import Kernel
+from tileops.kernel import Build
+from tileops.ops import BatchNormCall, BatchNormInferInterface, BatchNormTrainInterface
+
+from .compile import build_program
+from .rows import (
+    AMPERE_AND_LATER,
+    DTYPE_NAMES,
+    ITEMSIZE,
+    REGISTER_ROW_MAX,
+    REGISTER_VALUES,
+    WARP,
+    RowPlan,
+    vector_width,
+    with_occupancy,
+)
+
+# A thread walks its channel three times (sum, squared deviations, output); the second and
+# third walks hit L1. Beyond 32 values a thread's serial walk outlasts a block's reduction.
+THREAD_VALUES = 32
+THREAD_CHANNEL_THREADS = 128  # 4 warps: 32 adjacent channels per warp, adjacent addresses
+# One block per channel fills the device once each multiprocessor holds two such blocks (one
+# loads while the other reduces); with fewer channels, long channels are split across blocks.
+CHANNEL_BLOCKS_PER_SM = 2
+# Split layout: aim for this many blocks per multiprocessor (a short tail: the last wave is at
+# most a quarter of the work), each thread streaming at least MIN_VECTORS_PER_THREAD vectors
+# (loads in flight), chunks rounded to powers of two so batch sizes share builds.
+SPLIT_BLOCKS_PER_SM = 8
+MIN_VECTORS_PER_THREAD = 4
+SPLIT_THREADS = 256
+# The fallback streams a whole channel through one block: the most loads in flight per SM.
+TILED_THREADS = 512
+# Inference: each thread normalizes INFER_VECTORS vectors (independent loads in flight).
+INFER_THREADS = 256
+INFER_VECTORS = 4
+PARTIAL_FIELDS = 3  # count, mean, M2 of one split's values
+
+
+def f32(value: Any) -> Any:
+    """`value` as float32 (a 16-bit load, a parameter): TIR does not promote mixed types."""
+    import tilelang.language as T
+
+    return T.Cast("float32", value)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2_ceil(value: int) -> int:
+    return 1 << max(value - 1, 0).bit_length()
+
+
+def dtype_refusal(call: BatchNormCall) -> str | None:
+    if call.dtype in ITEMSIZE:
+        return None
+    return (
+        f"{call.dtype} is not served: these kernels compute in float32, which would lose "
+        "float64 precision; the torch reference kernels serve it"
+    )
+
+
+def param_dtype(call: BatchNormCall) -> torch.dtype:
+    """The per-channel tensors' dtype (x's when none is given: then nothing reads them)."""
+    return call.param_dtype or call.dtype
+
+
+def values_per_channel(call: BatchNormCall) -> int:
+    return call.batch * call.spatial
+
+
+class _BatchNorm(Kernel):
+    """Base of the BatchNorm kernels: dtype refusal, build identity and the compiled call.
+
+    Absent per-channel tensors are passed as one (channels,) placeholder that the program never
+    reads: one kernel signature for every affine / running-stats combination.
+    """
+
+    supported_archs = AMPERE_AND_LATER
+
+    @classmethod
+    def refusal(cls, call: BatchNormCall) -> str | None:
+        return dtype_refusal(call) or cls.region_refusal(call)
+
+    @classmethod
+    def region_refusal(cls, call: BatchNormCall) -> str | None:
+        return None
+
+    @classmethod
+    def layout_fields(cls, call: BatchNormCall) -> tuple[Hashable, ...]:
+        """What, besides the common fields, shapes this layout's code (its plan)."""
+        return ()
+
+    @classmethod
+    def entry_for(cls, call: BatchNormCall) -> tuple[Hashable, Build]:
+        """Identity: arch, dtypes, the layer's channels and spatial size, eps, momentum, which
+        tensors are given, and the layout's plan; the batch size is symbolic."""
+        identity = (
+            call.arch,
+            DTYPE_NAMES[call.dtype],
+            DTYPE_NAMES[param_dtype(call)],
+            call.channels,
+            call.spatial,
+            call.eps,
+            call.momentum,
+            call.has_weight,
+            call.has_bias,
+            call.has_running_stats,
+            *cls.layout_fields(call),
+        )
+
+        def build() -> _BatchNorm:
+            name = f"{cls.__name__}{identity}"
+            programs = cls.programs(call)
+            return cls(call, [build_program(f"{name}/{k}", p, call.arch) for k, p in programs])
+
+        return identity, build
+
+    @classmethod
+    def programs(cls, call: BatchNormCall) -> list[tuple[int, Any]]:
+        """(index, prim_func factory) of each kernel of the entry, in launch order."""
+        raise NotImplementedError
+
+    def __init__(self, call: BatchNormCall, compiled: list[Any]) -> None:
+        self.compiled = compiled
+        self.channels = call.channels
+        self.pdtype = param_dtype(call)
+        self._placeholders: dict[torch.device, torch.Tensor] = {}
+
+    def per_channel(self, x: torch.Tensor, *tensors: torch.Tensor | None) -> list[torch.Tensor]:
+        """The per-channel tensors, a placeholder where one is absent."""
+        if all(t is not None for t in tensors):
+            return list(tensors)
+        spare = self._placeholders.get(x.device)
+        if spare is None:
+            spare = torch.empty(self.channels, dtype=self.pdtype, device=x.device)
+            self._placeholders[x.device] = spare
+        return [spare if t is None else t for t in tensors]
+
+
+class _Train(_BatchNorm, BatchNormTrainInterface):
+    layout: ClassVar[str]
+
+    @classmethod
+    def programs(cls, call: BatchNormCall) -> list[tuple[int, Any]]:
+        return [(0, lambda: train_program(cls.layout, call, cls.layout_fields(call)))]
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        running_mean: torch.Tensor | None,
+        running_var: torch.Tensor | None,
+    ) -> torch.Tensor:
+        y = torch.empty_like(x)
+        params = self.per_channel(x, weight, bias, running_mean, running_var)
+        self.compiled[0](x, *params, y)
+        return y
+
+
+# -- training: declarations ------------------------------------------------------------------
+
+
+class BatchNormThreadChannel(_Train):
+    """Few values per channel (n <= 32), usually many channels (BatchNorm1d on a small batch):
+    one thread per channel, adjacent threads on adjacent channels."""
+
+    layout = "thread_channel"
+    preferred_over = frozenset({"tilelang_bn_tiled"})
+
+    @classmethod
+    def region_refusal(cls, call: BatchNormCall) -> str | None:
+        n = values_per_channel(call)
+        if n <= THREAD_VALUES:
+            return None
+        return f"thread_channel serves channels of at most {THREAD_VALUES} values, not n={n}"
+
+
+class BatchNormBlockChannel(_Train):
+    """Medium channels (32 < n <= 16384): one block per channel, the channel in its threads'
+    registers, read once; batch is baked in (it sizes the register layout)."""
+
+    layout = "block_channel"
+    preferred_over = frozenset({"tilelang_bn_tiled"})
+
+    @classmethod
+    def region_refusal(cls, call: BatchNormCall) -> str | None:
+        n = values_per_channel(call)
+        if THREAD_VALUES < n <= REGISTER_ROW_MAX:
+            return None
+        return (
+            f"block_channel serves channels of {THREAD_VALUES + 1} to {REGISTER_ROW_MAX} "
+            f"values, not n={n}"
+        )
+
+    @classmethod
+    def layout_fields(cls, call: BatchNormCall) -> tuple[Hashable, ...]:
+        return (call.batch, block_channel_plan(call))
+
+
+class BatchNormSplitChannel(_Train):
+    """Long channels (n > 16384) and too few of them to fill the device (C < 2 x SMs): each
+    channel split over several blocks. A partial kernel writes each split's (count, mean, M2);
+    a second kernel merges a channel's partials and normalizes its split (x read twice)."""
+
+    layout = "split_channel"
+    preferred_over = frozenset({"tilelang_bn_tiled"})
+
+    @classmethod
+    def region_refusal(cls, call: BatchNormCall) -> str | None:
+        n = values_per_channel(call)
+        if n <= REGISTER_ROW_MAX:
+            return f"split_channel serves channels of more than {REGISTER_ROW_MAX} values, not {n}"
+        enough = CHANNEL_BLOCKS_PER_SM * call.sm_count
+        if call.channels >= enough:
+            return (
+                f"{call.channels} channels give one block each to fill {call.sm_count} "
+                f"multiprocessors {CHANNEL_BLOCKS_PER_SM} times over: tiled serves it unsplit"
+            )
+        return None
+
+    @classmethod
+    def layout_fields(cls, call: BatchNormCall) -> tuple[Hashable, ...]:
+        return (split_chunk_vectors(call),)
+
+    @classmethod
+    def programs(cls, call: BatchNormCall) -> list[tuple[int, Any]]:
+        chunk = split_chunk_vectors(call)
+        return [
+            (0, lambda: partials_program(call, chunk)),
+            (1, lambda: finish_program(call, chunk)),
+        ]
+
+    def __init__(self, call: BatchNormCall, compiled: list[Any]) -> None:
+        super().__init__(call, compiled)
+        self.chunk = split_chunk_vectors(call) * vector_width(call.spatial, call.dtype)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        running_mean: torch.Tensor | None,
+        running_var: torch.Tensor | None,
+    ) -> torch.Tensor:
+        splits = _ceil_div(x.shape[0] * x.shape[2], self.chunk)
+        partials = torch.empty(
+            (self.channels, splits, PARTIAL_FIELDS), dtype=torch.float32, device=x.device
+        )
+        self.compiled[0](x, partials)
+        y = torch.empty_like(x)
+        params = self.per_channel(x, weight, bias, running_mean, running_var)
+        self.compiled[1](x, *params, partials, y)
+        return y
+
+
+class BatchNormTiled(_Train):
+    """Every call: one block per channel streams it in tiles of TILED_THREADS vectors, twice
+    (Welford statistics, then the output). The others are preferred where they serve."""
+
+    layout = "tiled"
+
+
+# -- inference -------------------------------------------------------------------------------
+
+
+class BatchNormInfer(_BatchNorm, BatchNormInferInterface):
+    """Every inference call: y = (x - running_mean) * rsqrt(running_var + eps) * w + b in one
+    pass over x, threads on consecutive vectors of the flat (batch * channels, spatial) rows."""
+
+    @classmethod
+    def entry_for(cls, call: BatchNormCall) -> tuple[Hashable, Build]:
+        # momentum and has_running_stats do not change the inference code: keep them out.
+        call = type(call)(**{**call.__dict__, "momentum": 0.0, "has_running_stats": True})
+        return super().entry_for(call)
+
+    @classmethod
+    def programs(cls, call: BatchNormCall) -> list[tuple[int, Any]]:
+        return [(0, lambda: infer_program(call))]
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        running_mean: torch.Tensor | None,
+        running_var: torch.Tensor | None,
+    ) -> torch.Tensor:
+        y = torch.empty_like(x)
+        self.compiled[0](x, *self.per_channel(x, weight, bias, running_mean, running_var), y)
+        return y
+
+
+# -- plans -----------------------------------------------------------------------------------
+
+
+def block_channel_plan(call: BatchNormCall) -> RowPlan:
+    """The fewest threads (at least 4 warps) that keep at most REGISTER_VALUES values each,
+    as rows.block_row_plan, with vectors that divide `spatial`; residency from the registers."""
+    vec = vector_width(call.spatial, call.dtype)
+    n = values_per_channel(call)
+    lanes = min(1024, max(4 * WARP, _pow2_ceil(_ceil_div(n, REGISTER_VALUES))))
+    return with_occupancy(RowPlan("registers", 1, lanes, vec, _ceil_div(n // vec, lanes)), call)
+
+
+def split_chunk_vectors(call: BatchNormCall) -> int:
+    """Vectors of one channel each split covers: enough splits that C x splits blocks give
+    every multiprocessor SPLIT_BLOCKS_PER_SM of them, a power of two (batch sizes within a
+    factor of two share a build), at least MIN_VECTORS_PER_THREAD per thread."""
+    vectors = values_per_channel(call) // vector_width(call.spatial, call.dtype)
+    splits = _ceil_div(SPLIT_BLOCKS_PER_SM * call.sm_count, call.channels)
+    chunk = _pow2_ceil(_ceil_div(vectors, splits))
+    return max(chunk, SPLIT_THREADS * MIN_VECTORS_PER_THREAD)
+
+
+# -- TileLang programs -----------------------------------------------------------------------
+
+
+class _Shape:
+    """The static facts every program reads off the call: dtypes, sizes, vector width."""
+
+    def __init__(self, call: BatchNormCall) -> None:
+        import tilelang.language as T
+
+        self.dtype, self.pdtype = DTYPE_NAMES[call.dtype], DTYPE_NAMES[param_dtype(call)]
+        self.channels, self.spatial = call.channels, call.spatial
+        self.vec = vector_width(call.spatial, call.dtype)
+        self.runs = call.spatial // self.vec  # vectors per (batch, channel) run
+        self.eps, self.momentum = call.eps, call.momentum
+        self.weight, self.bias = call.has_weight, call.has_bias
+        self.stats = call.has_running_stats
+        self.batch = T.dynamic("batch")
+
+    def x_shape(self, batch: Any = None) -> tuple:
+        return (self.batch if batch is None else batch, self.channels, self.spatial)
+
+
+def _signature(main, shape: _Shape, batch: Any = None, **extra):
+    """prim_func of main(X, W, Bias, RM, RV, [extra...], Y) over the (batch, C, S) layout."""
+    from . import tiles
+
+    per_channel = {name: (shape.channels,) for name in ("W", "Bias", "RM", "RV")}
+    dtypes = dict.fromkeys(per_channel, shape.pdtype)
+    dtypes.update({name: "float32" for name in extra})
+    x = shape.x_shape(batch)
+    return tiles.prim_func(main, shape.dtype, dtypes, X=x, **per_channel, **extra, Y=x)
+
+
+def train_program(layout: str, call: BatchNormCall, fields: tuple) -> Any:
+    """The prim_func of one training layout (thread_channel, block_channel or tiled)."""
+    shape = _Shape(call)
+    if layout == "thread_channel":
+        body = _thread_channel_body(shape)
+        batch = None
+    elif layout == "block_channel":
+        batch, plan = fields
+        body = _block_channel_body(shape, batch, plan)
+    else:
+        body = _streamed_body(shape)
+        batch = None
+
+    def main(X, W, Bias, RM, RV, Y):
+        body(X, W, Bias, RM, RV, Y)
+
+    return _signature(main, shape, batch)
+
+
+def _epilogue(shape: _Shape):
+    """Macros shared by the training layouts: the output of one vector and the running-stat
+    update (unbiased variance, momentum blend, in float32, stored in the stats' dtype)."""
+    import tilelang.language as T
+
+    momentum = shape.momentum
+
+    @T.macro
+    def normalized(X, W, Bias, Y, b, c, s, mean, rstd):
+        scale = rstd * f32(W[c]) if shape.weight else rstd
+        for v in T.vectorized(shape.vec):
+            if shape.bias:
+                Y[b, c, s + v] = (f32(X[b, c, s + v]) - mean) * scale + f32(Bias[c])
+            else:
+                Y[b, c, s + v] = (f32(X[b, c, s + v]) - mean) * scale
+
+    @T.macro
+    def update_stats(RM, RV, c, mean, var, count):
+        if shape.stats:
+            unbiased = var * count / T.max(count - 1.0, 1.0)
+            RM[c] = (1.0 - momentum) * f32(RM[c]) + momentum * mean
+            RV[c] = (1.0 - momentum) * f32(RV[c]) + momentum * unbiased
+
+    return normalized, update_stats
+
+
+def _thread_channel_body(shape: _Shape):
+    import tilelang.language as T
+
+    normalized, update_stats = _epilogue(shape)
+    threads, spatial, batch = THREAD_CHANNEL_THREADS, shape.spatial, shape.batch
+
+    @T.macro
+    def body(X, W, Bias, RM, RV, Y):
+        with T.Kernel(T.ceildiv(shape.channels, threads), threads=threads) as bx:
+            c = bx * threads + T.get_thread_binding()
+            count = T.Cast("float32", batch * spatial)
+            total = T.alloc_var("float32", init=0.0)
+            square = T.alloc_var("float32", init=0.0)
+            if c < shape.channels:
+                for b in T.serial(batch):
+                    for s in T.unroll(spatial):
+                        total += f32(X[b, c, s])
+                mean = total / count
+                for b in T.serial(batch):
+                    for s in T.unroll(spatial):
+                        square += (f32(X[b, c, s]) - mean) * (f32(X[b, c, s]) - mean)
+                var = square / count
+                rstd = T.rsqrt(var + shape.eps)
+                for b in T.serial(batch):
+                    for r in T.unroll(shape.runs):
+                        normalized(X, W, Bias, Y, b, c, r * shape.vec, mean, rstd)
+                update_stats(RM, RV, c, mean, var, count)
+
+    return body
+
+
+def _block_channel_body(shape: _Shape, batch: int, plan: RowPlan):
+    """Two passes over registers: exact mean, then exact squared deviations."""
+    import tilelang.language as T
+
+    from . import tiles
+
+    normalized, update_stats = _epilogue(shape)
+    lanes, vec, runs = plan.lanes, plan.vec, shape.runs
+    vectors = batch * runs
+    exact = plan.chunks * lanes == vectors
+    count = float(batch * shape.spatial)
+
+    @T.macro
+    def body(X, W, Bias, RM, RV, Y):
+        with T.Kernel(shape.channels, threads=lanes) as c:
+            T.annotate_min_blocks_per_sm(plan.blocks_per_sm)
+            lane = T.get_thread_binding()
+            held = T.alloc_local((plan.chunks * vec,), "float32")
+            scratch = T.alloc_shared((2, tiles.warps(plan)), "float32")
+            total = T.alloc_var("float32", init=0.0)
+            square = T.alloc_var("float32", init=0.0)
+            for k in T.unroll(plan.chunks):
+                j = k * lanes + lane
+                if exact or j < vectors:
+                    for v in T.vectorized(vec):
+                        held[k * vec + v] = f32(X[j // runs, c, (j % runs) * vec + v])
+                    for v in T.unroll(vec):
+                        total += held[k * vec + v]
+            mean = tiles.reduce_group(total, "sum", plan, scratch, 0, lane) / count
+            for k in T.unroll(plan.chunks):
+                if exact or k * lanes + lane < vectors:
+                    for v in T.unroll(vec):
+                        square += (held[k * vec + v] - mean) * (held[k * vec + v] - mean)
+            var = tiles.reduce_group(square, "sum", plan, scratch, 1, lane) / count
+            rstd = T.rsqrt(var + shape.eps)
+            for k in T.unroll(plan.chunks):
+                j = k * lanes + lane
+                if exact or j < vectors:
+                    normalized(X, W, Bias, Y, j // runs, c, (j % runs) * vec, mean, rstd)
+            if lane == 0:
+                update_stats(RM, RV, c, mean, var, count)
+
+    return body
+
+
+def _welford(shape: _Shape, threads: int):
+    """Macros of the streamed layouts: fold one vector into a thread's (count, mean, M2), and
+    merge (count, mean, M2) across the block (Chan et al.), every thread getting the result."""
+    import tilelang.language as T
+
+    vec, runs = shape.vec, shape.runs
+    nwarps = threads // WARP
+    offsets = [WARP >> i for i in range(1, WARP.bit_length())]  # 16, 8, 4, 2, 1
+
+    @T.macro
+    def merge(st, count, mean, m2):
+        total = st[0] + count
+        delta = mean - st[1]
+        weight = T.if_then_else(total > 0.0, count / T.max(total, 1.0), 0.0)
+        st[2] = st[2] + m2 + delta * delta * st[0] * weight
+        st[1] = st[1] + delta * weight
+        st[0] = total
+
+    @T.macro
+    def fold(X, c, j, st, t):
+        for v in T.vectorized(vec):
+            t[v] = f32(X[j // runs, c, (j % runs) * vec + v])
+        part = T.alloc_var("float32", init=0.0)
+        for v in T.unroll(vec):
+            part += t[v]
+        part_mean = part / vec
+        part_m2 = T.alloc_var("float32", init=0.0)
+        for v in T.unroll(vec):
+            part_m2 += (t[v] - part_mean) * (t[v] - part_mean)
+        merge(st, float(vec), part_mean, part_m2)
+
+    @T.macro
+    def block_merge(st, scratch, lane):
+        for offset in offsets:
+            count = T.shfl_xor(st[0], offset)
+            mean = T.shfl_xor(st[1], offset)
+            m2 = T.shfl_xor(st[2], offset)
+            merge(st, count, mean, m2)
+        if nwarps > 1:
+            if lane % WARP == 0:
+                for f in T.unroll(PARTIAL_FIELDS):
+                    scratch[f, lane // WARP] = st[f]
+            T.sync_threads()
+            for f in T.unroll(PARTIAL_FIELDS):
+                st[f] = scratch[f, 0]
+            for w in T.unroll(1, nwarps):
+                merge(st, scratch[0, w], scratch[1, w], scratch[2, w])
+
+    return fold, merge, block_merge
+
+
+def _streamed_body(shape: _Shape):
+    """tiled: one block per channel, Welford over the channel's vectors, then the output."""
+    import tilelang.language as T
+
+    normalized, update_stats = _epilogue(shape)
+    fold, _, block_merge = _welford(shape, TILED_THREADS)
+    threads, vec, runs = TILED_THREADS, shape.vec, shape.runs
+    vectors = shape.batch * runs
+
+    @T.macro
+    def body(X, W, Bias, RM, RV, Y):
+        with T.Kernel(shape.channels, threads=threads) as c:
+            lane = T.get_thread_binding()
+            st = T.alloc_local((PARTIAL_FIELDS,), "float32")
+            t = T.alloc_local((vec,), "float32")
+            scratch = T.alloc_shared((PARTIAL_FIELDS, threads // WARP), "float32")
+            for f in T.unroll(PARTIAL_FIELDS):
+                st[f] = 0.0
+            for k in T.serial(T.ceildiv(vectors, threads)):
+                if k * threads + lane < vectors:
+                    fold(X, c, k * threads + lane, st, t)
+            block_merge(st, scratch, lane)
+            var = st[2] / st[0]
+            rstd = T.rsqrt(var + shape.eps)
+            for k in T.serial(T.ceildiv(vectors, threads)):
+                j = k * threads + lane
+                if j < vectors:
+                    normalized(X, W, Bias, Y, j // runs, c, (j % runs) * vec, st[1], rstd)
+            if lane == 0:
+                update_stats(RM, RV, c, st[1], var, st[0])
+
+    return body
+
+
+def partials_program(call: BatchNormCall, chunk: int) -> Any:
+    """Split layout, kernel 1: block (split, c) writes the (count, mean, M2) of its `chunk`
+    vectors of channel c to P[c, split]."""
+    import tilelang.language as T
+
+    shape = _Shape(call)
+    fold, _, block_merge = _welford(shape, SPLIT_THREADS)
+    threads, vec = SPLIT_THREADS, shape.vec
+    vectors = shape.batch * shape.runs
+    splits = T.dynamic("splits")
+
+    @T.macro
+    def body(X, P):
+        with T.Kernel(splits, shape.channels, threads=threads) as (split, c):
+            lane = T.get_thread_binding()
+            st = T.alloc_local((PARTIAL_FIELDS,), "float32")
+            t = T.alloc_local((vec,), "float32")
+            scratch = T.alloc_shared((PARTIAL_FIELDS, threads // WARP), "float32")
+            for f in T.unroll(PARTIAL_FIELDS):
+                st[f] = 0.0
+            for k in T.unroll(chunk // threads, annotations={"pragma_unroll_factor": 4}):
+                j = split * chunk + k * threads + lane
+                if j < vectors:
+                    fold(X, c, j, st, t)
+            block_merge(st, scratch, lane)
+            if lane == 0:
+                for f in T.unroll(PARTIAL_FIELDS):
+                    P[c, split, f] = st[f]
+
+    def main(X, P):
+        body(X, P)
+
+    from . import tiles
+
+    return tiles.prim_func(
+        main,
+        shape.dtype,
+        {"P": "float32"},
+        X=shape.x_shape(),
+        P=(shape.channels, splits, PARTIAL_FIELDS),
+    )
+
+
+def finish_program(call: BatchNormCall, chunk: int) -> Any:
+    """Split layout, kernel 2: block (split, c) merges channel c's partials, normalizes its
+    chunk; block (0, c) updates the running stats."""
+    import tilelang.language as T
+
+    shape = _Shape(call)
+    normalized, update_stats = _epilogue(shape)
+    _, merge, block_merge = _welford(shape, SPLIT_THREADS)
+    threads, vec, runs = SPLIT_THREADS, shape.vec, shape.runs
+    vectors = shape.batch * runs
+    splits = T.dynamic("splits")
+
+    @T.macro
+    def body(X, W, Bias, RM, RV, P, Y):
+        with T.Kernel(splits, shape.channels, threads=threads) as (split, c):
+            lane = T.get_thread_binding()
+            st = T.alloc_local((PARTIAL_FIELDS,), "float32")
+            scratch = T.alloc_shared((PARTIAL_FIELDS, threads // WARP), "float32")
+            for f in T.unroll(PARTIAL_FIELDS):
+                st[f] = 0.0
+            for k in T.serial(T.ceildiv(splits, threads)):
+                if k * threads + lane < splits:
+                    i = k * threads + lane
+                    merge(st, P[c, i, 0], P[c, i, 1], P[c, i, 2])
+            block_merge(st, scratch, lane)
+            var = st[2] / st[0]
+            rstd = T.rsqrt(var + shape.eps)
+            for k in T.unroll(chunk // threads, annotations={"pragma_unroll_factor": 4}):
+                j = split * chunk + k * threads + lane
+                if j < vectors:
+                    normalized(X, W, Bias, Y, j // runs, c, (j % runs) * vec, st[1], rstd)
+            if split == 0 and lane == 0:
+                update_stats(RM, RV, c, st[1], var, st[0])
+
+    def main(X, W, Bias, RM, RV, P, Y):
+        body(X, W, Bias, RM, RV, P, Y)
+
+    return _signature(main, shape, P=(shape.channels, splits, PARTIAL_FIELDS))
+
+
+def infer_program(call: BatchNormCall) -> Any:
+    """Inference: thread g of the flat vector grid normalizes vectors g, g + G, ... of the
+    (batch * channels) runs; the per-channel scale comes from L1-resident running stats."""
+    import tilelang.language as T
+
+    shape = _Shape(call)
+    threads, vec, runs, channels = INFER_THREADS, shape.vec, shape.runs, shape.channels
+    vectors = shape.batch * channels * runs
+    step = threads * INFER_VECTORS
+
+    @T.macro
+    def body(X, W, Bias, RM, RV, Y):
+        with T.Kernel(T.ceildiv(vectors, step), threads=threads) as bx:
+            lane = T.get_thread_binding()
+            for k in T.unroll(INFER_VECTORS):
+                g = bx * step + k * threads + lane
+                if g < vectors:
+                    b, c, s = g // (channels * runs), (g // runs) % channels, (g % runs) * vec
+                    rstd = T.rsqrt(f32(RV[c]) + shape.eps)
+                    scale = rstd * f32(W[c]) if shape.weight else rstd
+                    for v in T.vectorized(vec):
+                        if shape.bias:
+                            Y[b, c, s + v] = (f32(X[b, c, s + v]) - f32(RM[c])) * scale + f32(
+                                Bias[c]
+                            )
+                        else:
+                            Y[b, c, s + v] = (f32(X[b, c, s + v]) - f32(RM[c])) * scale
+
+    def main(X, W, Bias, RM, RV, Y):
+        body(X, W, Bias, RM, RV, Y)
+
+    return _signature(main, shape)

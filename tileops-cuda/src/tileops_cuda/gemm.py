@@ -1,0 +1,374 @@
+"""GEMM kernels in TileLang: a Hopper kernel (TMA + wgmma), a general tensor-core kernel, and a
+split-K kernel for skinny calls. All take float16 / bfloat16 and accumulate in float32.
+
+| key                   | archs      | serves                          | preferred over          |
+|-----------------------|------------|---------------------------------|-------------------------|
+| tilelang_gemm_skinny  | sm_80..90  | m <= 64, k > 0                  | tilelang_gemm, _hopper  |
+| tilelang_gemm_hopper  | sm_90      | k > 0, n and k multiples of 8   | tilelang_gemm           |
+| tilelang_gemm         | sm_80..90  | every 16-bit call (k == 0: 0s)  |                         |
+
+float32 is refused by all three: TileLang's T.gemm runs float32 operands as tf32 on the tensor
+cores (10 mantissa bits), while torch.mm keeps full float32 unless the user allows tf32; the
+Triton or reference kernels serve it.
+
+Symbolic vs baked: n and k are the weight's shape and are baked in (static strides, exact tail
+masks, one build per layer); m, the tokens or batch, is symbolic, so one build serves every m
+that the tile rule maps to the same tiles. The skinny kernel bakes in its m bucket (16, 32 or
+64: its row tile) and the split of k, which follows from n, k and the device.
+
+Tile rules (`*_config`) are rules over the device facts, not measured tables: no calibration
+entry exists yet (the H200 session measures them; benchmarks/batchnorm_gemm_h200.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from tileops import Kernel
+from tileops.kernel import Build
+from tileops.ops import GemmCall, GemmInterface
+
+from .compile import build_program
+from .rows import AMPERE_AND_LATER, DTYPE_NAMES, vector_width
+
+HALF = {torch.float16: 2, torch.bfloat16: 2}
+# TMA (cp.async.bulk.tensor) needs 16-byte aligned row strides: 8 elements of a 16-bit type.
+TMA_ALIGN_BYTES = 16
+# The largest m the skinny kernel serves: one row tile of at most 64 (a decode batch).
+SKINNY_M = 64
+# Shared memory a block keeps beside its pipeline stages (mbarriers, the compiler's scratch).
+SMEM_RESERVE = 2048
+MIN_STAGES, MAX_STAGES = 2, 4
+# Rasterize blocks in panels of this many tile rows so blocks running together share their
+# B tiles in L2 (the Triton matmul tutorial's GROUP_M).
+SWIZZLE_PANEL = 8
+# Skinny: blocks per multiprocessor the split-K grid aims for (weight streaming wants many
+# loads in flight), and the fewest k tiles per split (enough to fill the pipeline).
+SKINNY_BLOCKS_PER_SM = 4
+MIN_K_TILES_PER_SPLIT = 4
+REDUCE_THREADS = 256
+# TileLang lowerings that would pick wgmma and warp specialization on sm_90: off for the
+# sm_80-style kernels, which build for plain sm_90 (their copies also say `disable_tma`: they
+# serve shapes TMA cannot take).
+MMA_SYNC_ONLY = {"tl.disable_warp_specialized": True, "tl.disable_wgmma": True}
+NO_TMA = {"disable_tma": True}
+
+
+@dataclass(frozen=True)
+class Tile:
+    """One block's tile: block_m x block_n of C, block_k deep per pipeline stage."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    threads: int
+    stages: int = MIN_STAGES
+
+    def stage_bytes(self, itemsize: int) -> int:
+        return (self.block_m + self.block_n) * self.block_k * itemsize
+
+
+# Candidate tiles, largest first; the rule takes the first whose tiles fill the device.
+# Hopper: 128-row tiles run two consumer warpgroups (64 rows each, one wgmma m64nNk16 apiece);
+# TileLang adds a producer warpgroup that issues the TMA loads. 64-deep k: a 128-byte row.
+HOPPER_TILES = (Tile(128, 256, 64, 256), Tile(128, 128, 64, 256), Tile(64, 128, 64, 128))
+# sm_80 style (mma.sync + cp.async): TileLang's Ampere example tiles, 32-deep k.
+GENERAL_TILES = (Tile(128, 256, 32, 256), Tile(128, 128, 32, 128), Tile(64, 64, 32, 128))
+# Skinny: narrow columns (more blocks along n), deep k (long weight streams per stage).
+SKINNY_BLOCK_N, SKINNY_BLOCK_K, SKINNY_THREADS = 64, 128, 128
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2_ceil(value: int) -> int:
+    return 1 << max(value - 1, 0).bit_length()
+
+
+def pick_tile(call: GemmCall, candidates: tuple[Tile, ...]) -> Tile:
+    """The largest candidate whose tiles of C give every multiprocessor a block (one full wave),
+    else the smallest; stages: as many as the shared-memory budget holds, 2 to 4."""
+    tile = next((t for t in candidates if _tiles(call, t) >= call.sm_count), candidates[-1])
+    return _with_stages(tile, call, _ceil_div(call.k, tile.block_k))
+
+
+def _tiles(call: GemmCall, tile: Tile) -> int:
+    return _ceil_div(call.m, tile.block_m) * _ceil_div(call.n, tile.block_n)
+
+
+def _with_stages(tile: Tile, call: GemmCall, k_tiles: int) -> Tile:
+    fit = (call.smem_budget - SMEM_RESERVE) // tile.stage_bytes(HALF[call.dtype])
+    stages = max(MIN_STAGES, min(MAX_STAGES, fit, k_tiles))
+    return Tile(tile.block_m, tile.block_n, tile.block_k, tile.threads, stages)
+
+
+@dataclass(frozen=True)
+class SkinnyPlan:
+    """Skinny tiling: row tile block_m (m's bucket), `splits` slices of `k_tiles` k tiles."""
+
+    tile: Tile
+    splits: int
+    k_tiles: int
+
+
+def skinny_plan(call: GemmCall) -> SkinnyPlan:
+    """Row tile: m rounded up to a power of two, at least 16 (the mma's rows). Split k so that
+    column tiles x splits reach SKINNY_BLOCKS_PER_SM blocks per multiprocessor, keeping at
+    least MIN_K_TILES_PER_SPLIT k tiles per split; no split is left empty."""
+    block_m = max(16, _pow2_ceil(call.m))
+    columns = _ceil_div(call.n, SKINNY_BLOCK_N)
+    k_tiles = _ceil_div(call.k, SKINNY_BLOCK_K)
+    wanted = _ceil_div(SKINNY_BLOCKS_PER_SM * call.sm_count, columns)
+    splits = max(1, min(wanted, k_tiles // MIN_K_TILES_PER_SPLIT))
+    per_split = _ceil_div(k_tiles, splits)
+    tile = Tile(block_m, SKINNY_BLOCK_N, SKINNY_BLOCK_K, SKINNY_THREADS)
+    return SkinnyPlan(_with_stages(tile, call, per_split), _ceil_div(k_tiles, per_split), per_split)
+
+
+def dtype_refusal(call: GemmCall) -> str | None:
+    if call.dtype in HALF:
+        return None
+    if call.dtype == torch.float32:
+        return (
+            "float32 is not served: T.gemm would run it as tf32 (10 mantissa bits) where "
+            "torch.mm keeps float32; the Triton or reference kernels serve it"
+        )
+    return f"{call.dtype} is not served (float16 and bfloat16 only); the reference serves it"
+
+
+class _Gemm(Kernel, GemmInterface):
+    """Base: dtype refusal, build identity (arch, dtype, n, k, plan) and the compiled call."""
+
+    features: ClassVar[str] = ""
+    pass_configs: ClassVar[dict[str, Any] | None] = MMA_SYNC_ONLY
+
+    @classmethod
+    def refusal(cls, call: GemmCall) -> str | None:
+        return dtype_refusal(call) or cls.region_refusal(call)
+
+    @classmethod
+    def region_refusal(cls, call: GemmCall) -> str | None:
+        return None
+
+    @classmethod
+    def plan(cls, call: GemmCall) -> Hashable:
+        raise NotImplementedError
+
+    @classmethod
+    def entry_for(cls, call: GemmCall) -> tuple[Hashable, Build]:
+        plan = cls.plan(call) if call.k else None
+        identity = (call.arch, DTYPE_NAMES[call.dtype], call.n, call.k, plan)
+
+        def build() -> _Gemm:
+            if plan is None:
+                return cls(call, [])
+            name = f"{cls.__name__}{identity}"
+            return cls(call, [cls.compile(name, i, p, call.arch) for i, p in cls.programs(call)])
+
+        return identity, build
+
+    @classmethod
+    def compile(cls, name: str, index: int, program: Any, arch: int) -> Any:
+        return build_program(
+            f"{name}/{index}", program, arch, features=cls.features, pass_configs=cls.pass_configs
+        )
+
+    @classmethod
+    def programs(cls, call: GemmCall) -> list[tuple[int, Any]]:
+        tile = cls.plan(call)
+        return [(0, lambda: gemm_program(call, tile, tma=cls.features == "a"))]
+
+    def __init__(self, call: GemmCall, compiled: list[Any]) -> None:
+        self.compiled = compiled
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        c = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+        if not self.compiled:  # k == 0: an empty sum
+            return c.zero_()
+        self.compiled[0](a, b, c)
+        return c
+
+
+class GemmGeneral(_Gemm):
+    """Every float16/bfloat16 call, sm_80 on: mma.sync fed by cp.async, pipelined in shared
+    memory; any n and k (misaligned ones with narrower copies); k == 0 gives zeros."""
+
+    supported_archs = AMPERE_AND_LATER
+
+    @classmethod
+    def plan(cls, call: GemmCall) -> Tile:
+        return pick_tile(call, GENERAL_TILES)
+
+
+class GemmHopper(_Gemm):
+    """sm_90: TMA loads into a multi-stage shared-memory ring, wgmma from a producer/consumer
+    warp-specialized pipeline (TileLang's sm_90a lowering of T.Pipelined + T.gemm)."""
+
+    supported_archs = frozenset({90})
+    preferred_over = frozenset({"tilelang_gemm"})
+    features = "a"  # wgmma and setmaxnreg exist on sm_90a only
+    pass_configs = None
+
+    @classmethod
+    def region_refusal(cls, call: GemmCall) -> str | None:
+        if call.k == 0:
+            return "k == 0 leaves nothing to multiply: tilelang_gemm returns the zeros"
+        align = TMA_ALIGN_BYTES // HALF[call.dtype]
+        if call.n % align or call.k % align:
+            return (
+                f"TMA needs 16-byte aligned row strides: n={call.n} and k={call.k} must be "
+                f"multiples of {align} for {DTYPE_NAMES[call.dtype]}; tilelang_gemm serves it"
+            )
+        return None
+
+    @classmethod
+    def plan(cls, call: GemmCall) -> Tile:
+        return pick_tile(call, HOPPER_TILES)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        # A view may start off a 16-byte boundary, which a TMA descriptor cannot address.
+        a, b = (t if t.data_ptr() % TMA_ALIGN_BYTES == 0 else t.clone() for t in (a, b))
+        return super().forward(a, b)
+
+
+class GemmSkinny(_Gemm):
+    """m <= 64 (decode): a weight-streaming split-K kernel, n in 64-column tiles and k split
+    over blocks, float32 partials summed by a second kernel; one kernel when k is not split."""
+
+    supported_archs = AMPERE_AND_LATER
+    preferred_over = frozenset({"tilelang_gemm", "tilelang_gemm_hopper"})
+
+    @classmethod
+    def region_refusal(cls, call: GemmCall) -> str | None:
+        if call.k == 0:
+            return "k == 0 leaves nothing to multiply: tilelang_gemm returns the zeros"
+        if call.m > SKINNY_M:
+            return f"skinny serves m <= {SKINNY_M}, not m={call.m}"
+        return None
+
+    @classmethod
+    def plan(cls, call: GemmCall) -> SkinnyPlan:
+        return skinny_plan(call)
+
+    @classmethod
+    def programs(cls, call: GemmCall) -> list[tuple[int, Any]]:
+        plan = skinny_plan(call)
+        if plan.splits == 1:
+            return [(0, lambda: skinny_program(call, plan))]
+        return [(0, lambda: skinny_program(call, plan)), (1, lambda: reduce_program(call, plan))]
+
+    def __init__(self, call: GemmCall, compiled: list[Any]) -> None:
+        super().__init__(call, compiled)
+        self.plan_ = skinny_plan(call) if call.k else None
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if len(self.compiled) < 2:
+            return super().forward(a, b)
+        plan = self.plan_
+        rows = plan.splits * plan.tile.block_m
+        partials = torch.empty((rows, b.shape[1]), dtype=torch.float32, device=a.device)
+        self.compiled[0](a, b, partials)
+        c = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+        self.compiled[1](partials, c)
+        return c
+
+
+# -- TileLang programs -----------------------------------------------------------------------
+
+
+def gemm_program(call: GemmCall, tile: Tile, tma: bool) -> Any:
+    """C = A @ B with `tile`: a pipelined k loop of T.copy into shared memory and T.gemm into a
+    float32 fragment. On sm_90a (`tma`) TileLang lowers the copies to TMA and the product to
+    wgmma, elsewhere (no `tma`, MMA_SYNC_ONLY) to cp.async and mma.sync. m is symbolic."""
+    import tilelang.language as T
+
+    from . import tiles
+
+    n, k, dtype = call.n, call.k, DTYPE_NAMES[call.dtype]
+    bm, bn, bk = tile.block_m, tile.block_n, tile.block_k
+    m = T.dynamic("m")
+    hints = None if tma else NO_TMA
+
+    def main(A, B, C):
+        with T.Kernel(T.ceildiv(n, bn), T.ceildiv(m, bm), threads=tile.threads) as (bx, by):
+            a_tile = T.alloc_shared((bm, bk), dtype)
+            b_tile = T.alloc_shared((bk, bn), dtype)
+            acc = T.alloc_fragment((bm, bn), "float32")
+            T.use_swizzle(SWIZZLE_PANEL)
+            T.clear(acc)
+            for kk in T.Pipelined(T.ceildiv(k, bk), num_stages=tile.stages):
+                T.copy(A[by * bm, kk * bk], a_tile, annotations=hints)
+                T.copy(B[kk * bk, bx * bn], b_tile, annotations=hints)
+                T.gemm(a_tile, b_tile, acc)
+            T.copy(acc, C[by * bm, bx * bn])
+
+    return tiles.prim_func(main, dtype, A=(m, k), B=(k, n), C=(m, n))
+
+
+def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
+    """Block (column tile, split) multiplies all m rows (one row tile) by its slice of k.
+    Split: float32 partials into P[split * block_m + row, col]; unsplit: straight into C."""
+    import tilelang.language as T
+
+    from . import tiles
+
+    n, k, dtype = call.n, call.k, DTYPE_NAMES[call.dtype]
+    tile, per_split = plan.tile, plan.k_tiles
+    bm, bn, bk = tile.block_m, tile.block_n, tile.block_k
+    split_k = plan.splits > 1
+    m = T.dynamic("m")
+
+    def main(A, B, C):
+        with T.Kernel(T.ceildiv(n, bn), plan.splits, threads=tile.threads) as (bx, split):
+            a_tile = T.alloc_shared((bm, bk), dtype)
+            b_tile = T.alloc_shared((bk, bn), dtype)
+            acc = T.alloc_fragment((bm, bn), "float32")
+            T.clear(acc)
+            for kk in T.Pipelined(per_split, num_stages=tile.stages):
+                T.copy(A[0, (split * per_split + kk) * bk], a_tile, annotations=NO_TMA)
+                T.copy(B[(split * per_split + kk) * bk, bx * bn], b_tile, annotations=NO_TMA)
+                T.gemm(a_tile, b_tile, acc)
+            if split_k:
+                T.copy(acc, C[split * bm, bx * bn])
+            else:
+                T.copy(acc, C[0, bx * bn])
+
+    if split_k:
+        return tiles.prim_func(
+            main, dtype, {"C": "float32"}, A=(m, k), B=(k, n), C=(plan.splits * bm, n)
+        )
+    return tiles.prim_func(main, dtype, A=(m, k), B=(k, n), C=(m, n))
+
+
+def reduce_program(call: GemmCall, plan: SkinnyPlan) -> Any:
+    """C[row, col] = sum over splits of P[split * block_m + row, col], in float32, rounded once.
+    Threads take consecutive vectors of C (coalesced reads of every split's rows)."""
+    import tilelang.language as T
+
+    from . import tiles
+
+    n, dtype, bm = call.n, DTYPE_NAMES[call.dtype], plan.tile.block_m
+    vec = vector_width(n, torch.float32)
+    runs = n // vec
+    m = T.dynamic("m")
+
+    def main(P, C):
+        with T.Kernel(T.ceildiv(m * runs, REDUCE_THREADS), threads=REDUCE_THREADS) as bx:
+            g = bx * REDUCE_THREADS + T.get_thread_binding()
+            acc = T.alloc_local((vec,), "float32")
+            if g < m * runs:
+                row, col = g // runs, (g % runs) * vec
+                for v in T.vectorized(vec):
+                    acc[v] = P[row, col + v]
+                for s in T.unroll(1, plan.splits):
+                    for v in T.vectorized(vec):
+                        acc[v] += P[s * bm + row, col + v]
+                for v in T.vectorized(vec):
+                    C[row, col + v] = acc[v]
+
+    return tiles.prim_func(main, dtype, {"P": "float32"}, P=(plan.splits * bm, n), C=(m, n))
