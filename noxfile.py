@@ -9,6 +9,7 @@ first, so that nothing later pulls a multi-GB CUDA build.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import nox
@@ -18,8 +19,6 @@ nox.options.reuse_existing_virtualenvs = True
 nox.options.default_venv_backend = "uv|virtualenv"
 
 TORCH = "torch==2.13.0"
-TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
-"""uv ignores pip's configuration: asked for torch on PyPI it would get the CUDA build."""
 DISTRIBUTIONS = ["./tileops-core", "./tileops-cuda", "./tileops-triton-backend"]
 TEST_TOOLS = ["pytest>=8", "hypothesis>=6", "setuptools>=61", "wheel"]
 
@@ -33,11 +32,18 @@ def _install_project(session: nox.Session, *extra: str) -> None:
     if stamp.is_file() and stamp.read_text() == wanted:
         session.log("requirements unchanged since this virtualenv was set up: not reinstalling")
         return
-    if session.venv_backend == "uv":
-        session.install(TORCH, "--index-url", TORCH_CPU_INDEX)
-    session.install(TORCH, "numpy")  # torch warns on every import without numpy
+    session.install(TORCH, "numpy", *_pip_settings(session))  # numpy: torch warns without it
     session.install(*extra, *[f"-e{d}" for d in DISTRIBUTIONS])
     stamp.write_text(wanted)
+
+
+def _pip_settings(session: nox.Session) -> list[str]:
+    """uv ignores pip's configuration: hand it the local wheel folders pip is configured with
+    (where the CPU build of torch lies), so it does not fetch another build."""
+    links = os.environ.get("PIP_FIND_LINKS", "")
+    if session.venv_backend != "uv" or not links:
+        return []
+    return [arg for link in links.split() for arg in ("--find-links", link)]
 
 
 def _requirements(extra: tuple[str, ...]) -> str:
