@@ -29,7 +29,6 @@ class CallSpec:
         dataclass(frozen=True, kw_only=True)(cls)
         cls.__init__ = _fast_init(cls)
         cls.__eq__ = _same_fields
-        cls.__hash__ = _hash_fields
         # Frozenness comes from the base's methods below. Leaving the subclass's own generated
         # ones in place would make a user's `@dataclass(frozen=True)` refuse to overwrite them.
         del cls.__setattr__, cls.__delattr__
@@ -60,11 +59,6 @@ def _frozen(self: CallSpec, name: str, *value: object) -> None:
 
 
 CallSpec.__setattr__ = CallSpec.__delattr__ = _frozen  # one for every subclass (see above)
-
-
-def _hash_fields(self: CallSpec) -> int:
-    """The fields' hash, read straight from `__dict__` (in field order: `__init__` fills it)."""
-    return hash(tuple(self.__dict__.values()))
 
 
 def _same_fields(self: CallSpec, other: object) -> bool:
