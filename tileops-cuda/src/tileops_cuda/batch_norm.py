@@ -161,6 +161,19 @@ class _BatchNorm(Kernel):
         self.pdtype = param_dtype(call)
         self._placeholders: dict[torch.device, torch.Tensor] = {}
 
+    def forward(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        running_mean: torch.Tensor | None,
+        running_var: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """One kernel over x (the split layout, two kernels, has its own)."""
+        y = torch.empty_like(x)
+        self.compiled[0](x, *self.per_channel(x, weight, bias, running_mean, running_var), y)
+        return y
+
     def per_channel(self, x: torch.Tensor, *tensors: torch.Tensor | None) -> list[torch.Tensor]:
         """The per-channel tensors, a placeholder where one is absent."""
         if all(t is not None for t in tensors):
@@ -178,19 +191,6 @@ class _Train(_BatchNorm, BatchNormTrainInterface):
     @classmethod
     def programs(cls, call: BatchNormCall) -> list[tuple[int, Any]]:
         return [(0, lambda: train_program(cls.layout, call, cls.layout_fields(call)))]
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor | None,
-        bias: torch.Tensor | None,
-        running_mean: torch.Tensor | None,
-        running_var: torch.Tensor | None,
-    ) -> torch.Tensor:
-        y = torch.empty_like(x)
-        params = self.per_channel(x, weight, bias, running_mean, running_var)
-        self.compiled[0](x, *params, y)
-        return y
 
 
 # -- training: declarations ------------------------------------------------------------------
@@ -312,18 +312,6 @@ class BatchNormInfer(_BatchNorm, BatchNormInferInterface):
     @classmethod
     def programs(cls, call: BatchNormCall) -> list[tuple[int, Any]]:
         return [(0, lambda: infer_program(call))]
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor | None,
-        bias: torch.Tensor | None,
-        running_mean: torch.Tensor | None,
-        running_var: torch.Tensor | None,
-    ) -> torch.Tensor:
-        y = torch.empty_like(x)
-        self.compiled[0](x, *self.per_channel(x, weight, bias, running_mean, running_var), y)
-        return y
 
 
 # -- plans -----------------------------------------------------------------------------------
