@@ -262,3 +262,40 @@ def test_tileops_nn_modules_compile_fullgraph():
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_an_op_with_untyped_params_runs_eagerly_under_autograd_and_autocast():
+    """No schema types: no operator, and the op works as before (its kernels' own autograd)."""
+    from tileops import CallSpec, Input, KernelInterface, Op, Output, Signature
+
+    class DoubleCall(CallSpec):
+        n: int
+
+    class Double(KernelInterface):
+        def forward(self, x): ...
+
+    class TorchDouble(Kernel, Double):
+        devices = {"cpu"}
+        general = True
+
+        def forward(self, x):
+            return x * 2
+
+    class UntypedOp(Op):
+        interfaces = {"double": Double}
+        kernel_types = {"torch": TorchDouble}
+        signature = Signature((Input("x", ("...",)),), ("scale",), (Output("out", like="x"),))
+
+        def __init__(self) -> None:
+            self.scale = 2
+            super().__init__()
+
+        def forward(self, x):
+            call = DoubleCall(device=x.device, n=x.shape[-1])
+            return self.call_kernel("double", call, x.shape, x.dtype, x)
+
+    x = randn(3, grad=True)
+    UntypedOp()(x).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert UntypedOp()(randn(3)).dtype == torch.float32

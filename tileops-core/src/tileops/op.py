@@ -159,13 +159,17 @@ class Op:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.signature is None:
             return self.forward(*args, **kwargs)
-        if torch.compiler.is_compiling():  # Dynamo sees one opaque operator, never our locks
+        # An op with typed params is a torch.library operator (library.py): tracing, autocast
+        # and autograd go through it; others run eagerly as they are.
+        if torch.compiler.is_compiling() and self.signature.param_types is not None:
             tensors = self.signature.parse(type(self).op_name, args, kwargs)
-            return library.call_operator(self, tensors)
+            return library.call_operator(self, tensors)  # Dynamo sees one node, never our locks
         plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
         call = self.signature.bind(type(self).op_name, args, kwargs, plan)
-        if _is_any_autocast_enabled() or (call.requires_grad and torch.is_grad_enabled()):
-            return library.call_operator(self, call.tensors)  # autocast and autograd live there
+        if (
+            _is_any_autocast_enabled() or (call.requires_grad and torch.is_grad_enabled())
+        ) and self.signature.param_types is not None:
+            return library.call_operator(self, call.tensors)
         if self._settled is BUILTIN and not self._checks and not call.written_empty:
             return self.forward(*call.tensors)  # the common case, one call shorter
         return self._execute(call)
