@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 
 import tileops
+from tileops.backend import key_serves, register_kernel_type
+from tileops.backend.registry import REGISTRY
 from tileops.errors import TileOpsError
 from tileops.ops import (
     LayerNormFwdOp,
@@ -37,6 +39,7 @@ from tileops.ops import (
     SoftmaxFwdOp,
 )
 from tileops.table import table_for
+from tileops.testing import isolated_registry
 
 ELEMENTS = 2**26
 SIZES = [256, 1024, 4096, 8192, 16384, 32768, 65536, 131072, 262144]
@@ -94,18 +97,20 @@ def _op_setup(op: str, x: torch.Tensor) -> tuple[Any, tuple, Callable, str, Any]
 
 
 def _keys(op_obj: Any, interface: str, call: Any) -> dict[str, Callable[..., Any]]:
-    """Every installed key of the op that runs on this device and serves `call`, built."""
-    arch = call.arch
+    """Every installed key of the op that runs on this device and serves `call`, built. Each is
+    judged as if it were the only backend installed, so a key that steps aside for another
+    backend's (Triton beside TileLang) is still timed beside it."""
+    op_cls = type(op_obj)
     built = {}
-    for cand in table_for(type(op_obj)).candidates[interface]:
-        cls = cand.cls
-        if call.device.type not in cls.devices:
-            continue
-        if cls.supported_archs is not None and arch not in cls.supported_archs:
-            continue
-        if cls.refusal(call) is not None:
-            continue
-        _, build = cls.entry_for(call)
+    for cand in table_for(op_cls).candidates[interface]:
+        registered = REGISTRY.kernel_types(op_cls).get(cand.key)
+        with isolated_registry():
+            REGISTRY.withdraw_kernel_types(op_cls)
+            if registered is not None:
+                register_kernel_type(op_cls, cand.key, cand.cls)
+            if not key_serves(op_cls, cand.key, call):
+                continue
+        _, build = cand.cls.entry_for(call)
         try:
             built[cand.key] = build()
         except Exception as exc:  # a key that fails to build is reported, not timed
