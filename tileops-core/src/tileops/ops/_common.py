@@ -99,6 +99,15 @@ def contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.contiguous()
 
 
+def param_dtype(*params: torch.Tensor | None) -> torch.dtype | None:
+    """The dtype of the parameters given (x's, or float32 under mixed precision; the op's
+    checks made sure they agree), or None when none is: a call spec's `param_dtype`."""
+    for t in params:
+        if t is not None:
+            return t.dtype
+    return None
+
+
 # -- reference kernels -----------------------------------------------------------------------
 
 

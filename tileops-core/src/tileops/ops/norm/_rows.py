@@ -27,11 +27,6 @@ def norm_signature(*affine: str) -> Signature:
     return Signature((x, *params), types, (Output("out", like="x"),))
 
 
-def param_dtype(weight: torch.Tensor | None, bias: torch.Tensor | None) -> torch.dtype | None:
-    """The dtype of the affine params given (x's, or float32 under mixed precision), or None."""
-    return weight.dtype if weight is not None else None if bias is None else bias.dtype
-
-
 class RowNorm:
     """Mixin (not an Op, so it is no registered op) for the row-wise norms' shared path."""
 

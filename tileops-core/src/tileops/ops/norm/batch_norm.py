@@ -27,6 +27,7 @@ from .._common import (
     eps_param,
     fraction_param,
     like,
+    param_dtype,
     positive_int_param,
     sample_case,
 )
@@ -277,7 +278,7 @@ class BatchNormFwdOp(Op):
             has_weight=weight is not None,
             has_bias=bias is not None,
             has_running_stats=running_mean is not None,
-            param_dtype=_param_dtype(weight, bias, running_mean, running_var),
+            param_dtype=param_dtype(weight, bias, running_mean, running_var),
         )
         x3 = x.contiguous().view(batch, channels, spatial)
         stats = contiguous(running_mean), contiguous(running_var)
@@ -303,11 +304,6 @@ class BatchNormFwdOp(Op):
         yield sample_case(stats, *shapes, note="training")
         yield sample_case(stats, (8, 16), None, None, None, None, note="training, no stats")
         yield _positive_var(sample_case({**stats, "training": False}, *shapes, note="inference"))
-
-
-def _param_dtype(*per_channel: Tensor | None) -> torch.dtype | None:
-    """The dtype the per-channel tensors share (`check` made sure they do), or None."""
-    return next((t.dtype for t in per_channel if t is not None), None)
 
 
 def _check_one_param_dtype(op: str, tensors: tuple[Tensor | None, ...]) -> None:

@@ -12,8 +12,8 @@ from ...backward import BackwardInterface, RecomputeBackward
 from ...call import CallSpec
 from ...kernel import KernelInterface
 from ...op import Op
-from .._common import ReferenceKernel, eps_param, sample_case
-from ._rows import RowNorm, norm_signature, param_dtype
+from .._common import ReferenceKernel, eps_param, param_dtype, sample_case
+from ._rows import RowNorm, norm_signature
 
 if TYPE_CHECKING:
     from ...cases import Case
