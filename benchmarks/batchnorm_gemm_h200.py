@@ -224,15 +224,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> list[Row]:
-    rows = []
+    jobs = []
     if "batchnorm" in args.part:
-        for mode in PASSES:
-            for shape in bn_shapes(args.batches):
-                rows += [measure_bn(mode, shape, dtype, args) for dtype in args.dtypes]
-    if "gemm" in args.part:
-        for dtype in (d for d in args.dtypes if d != "float32"):  # tileops-cuda: 16-bit GEMM
-            rows += [measure_gemm(shape, dtype, args) for shape in GEMM_SHAPES]
+        jobs += [(measure_bn, (mode, shape, dtype)) for mode in PASSES
+                 for shape in bn_shapes(args.batches) for dtype in args.dtypes]  # fmt: skip
+    if "gemm" in args.part:  # tileops-cuda's GEMM is 16-bit only
+        jobs += [(measure_gemm, (shape, dtype)) for dtype in args.dtypes if dtype != "float32"
+                 for shape in GEMM_SHAPES]  # fmt: skip
+    rows = []
+    for measure, job in jobs:
+        rows.append(measure(*job, args))
+        print(rows[-1].part, rows[-1].shape, rows[-1].dtype, _scores(rows[-1]), flush=True)
     return rows
+
+
+def _scores(row: Row) -> str:
+    return ", ".join(f"{name} {value:.3g}" for name, value in row.score.items())
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -53,12 +53,12 @@ def _clone(args):
     return [None if t is None else t.clone() for t in args]
 
 
-def _check_train(kernel, args, dtype) -> None:
+def _check_train(kernel, args, dtype, tolerance=None) -> None:
     ours, theirs = _clone(args), _clone(args)
     got = kernel(*ours)
     want = BatchNormTrainReference(1e-5, 0.1)(*theirs)
     assert got.shape == args[0].shape and got.dtype == args[0].dtype and got.is_contiguous()
-    assert _rel_err(got, want) < TOLERANCE[dtype]
+    assert _rel_err(got, want) < (tolerance or TOLERANCE[dtype])
     for a, b in zip(ours[3:], theirs[3:], strict=True):
         if a is not None:
             assert _rel_err(a, b) < TOLERANCE[a.dtype]
@@ -91,13 +91,15 @@ def test_training_kernel_optional_tensors(cls, affine, stats):
 
 @pytest.mark.parametrize("cls", list(BN_REGIONS), ids=lambda c: c.__name__)
 def test_training_variance_survives_a_large_mean(cls):
-    """mean 1000, std 2: E[x^2] - E[x]^2 would lose the variance in float32; Welford keeps it."""
+    """mean 1000, std 2: E[x^2] - E[x]^2 would lose the variance in float32 (errors near 1e-2);
+    Welford keeps it. x - mean is only as exact as float32 at 1000 (6e-5 apart), so the error
+    bound grows by mean / std = 500 over the plain float32 one: 1e-4 (measured: 2.3e-5)."""
     shape = BN_REGIONS[cls][0]
     call = bn_call(*shape, torch.float32)
     if cls.refusal(call) is not None:
         pytest.skip(cls.refusal(call))
     args = bn_inputs(shape, torch.float32, mean=1000.0)
-    _check_train(cls.entry_for(call)[1](), args, torch.float32)
+    _check_train(cls.entry_for(call)[1](), args, torch.float32, tolerance=1e-4)
 
 
 @pytest.mark.parametrize("shape", BN_SHAPES, ids=str)
@@ -149,7 +151,7 @@ GEMM_SHAPES = [
     (4096, 4096, 4096),
     (8192, 8192, 8192),
     (65, 4096, 4096),
-    (1000, 1001, 999),  # misaligned n and k: the general kernel
+    (1000, 1001, 999),  # misaligned n and k: padded for the Hopper kernel
     (4096, 4095, 4096),
     (7, 13, 5),
     (1, 4096, 4096),  # decode: skinny
@@ -160,7 +162,7 @@ GEMM_SHAPES = [
 ]
 GEMM_KERNELS = {
     gemm.GemmGeneral: GEMM_SHAPES,
-    gemm.GemmHopper: [s for s in GEMM_SHAPES if s[1] % 8 == 0 and s[2] % 8 == 0],
+    gemm.GemmHopper: GEMM_SHAPES,
     gemm.GemmSkinny: [s for s in GEMM_SHAPES if s[0] <= 64],
 }
 

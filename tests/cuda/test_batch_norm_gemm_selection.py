@@ -29,7 +29,8 @@ def gemm_key(call, arch: int) -> str:
         return GemmOp().key_for("gemm", call)
 
 
-# (batch, channels, spatial, arch) -> key at every edge; split/tiled turn at 2 x SMs channels.
+# (batch, channels, spatial, arch) -> key at every edge; split/tiled turn at SMs channels, and
+# at half of them for channels shorter than 2^17 values.
 BN_EDGES = [
     ((8, 4096, 4), 90, "tilelang_bn_thread_channel"),  # n = 32
     ((1, 3, 1), 80, "tilelang_bn_thread_channel"),
@@ -38,11 +39,16 @@ BN_EDGES = [
     ((32, 2048, 49), 80, "tilelang_bn_block_channel"),  # ResNet-50 layer4 at batch 32
     ((1, 8, 16385), 90, "tilelang_bn_split_channel"),
     ((32, 64, 3136), 90, "tilelang_bn_split_channel"),  # ResNet-50 layer1
-    ((4, 128, 1 << 20), 80, "tilelang_bn_split_channel"),
-    ((256, 263, 196), 90, "tilelang_bn_split_channel"),  # 263 < 2 x 132
-    ((256, 264, 196), 90, "tilelang_bn_tiled"),
-    ((256, 215, 196), 80, "tilelang_bn_split_channel"),  # 215 < 2 x 108
-    ((256, 216, 196), 80, "tilelang_bn_tiled"),
+    ((4, 128, 1 << 20), 90, "tilelang_bn_split_channel"),
+    ((256, 131, 784), 90, "tilelang_bn_split_channel"),  # 131 < 132 SMs, n = 200704
+    ((256, 132, 784), 90, "tilelang_bn_tiled"),
+    ((256, 107, 1024), 80, "tilelang_bn_split_channel"),  # 107 < 108 SMs, n = 2^18
+    ((256, 108, 1024), 80, "tilelang_bn_tiled"),
+    ((32, 65, 4096), 90, "tilelang_bn_split_channel"),  # 65 < 132 / 2, n = 2^17
+    ((32, 66, 4095), 90, "tilelang_bn_tiled"),  # n = 2^17 - 32
+    ((32, 66, 4096), 90, "tilelang_bn_split_channel"),  # n = 2^17
+    ((32, 128, 3136), 90, "tilelang_bn_tiled"),  # ResNet-50 layer1 at batch 32, n = 100352
+    ((256, 128, 784), 90, "tilelang_bn_split_channel"),  # n = 200704
     ((256, 1024, 196), 90, "tilelang_bn_tiled"),
     ((256, 2048, 49), 90, "tilelang_bn_block_channel"),  # ResNet-50 layer4, batch 256
     ((256, 512, 784), 90, "tilelang_bn_tiled"),  # ResNet-50 layer2 at batch 256
@@ -145,8 +151,9 @@ GEMM_EDGES = [
     ((65, 4096, 4096), 90, "tilelang_gemm_hopper"),
     ((4096, 4096, 4096), 90, "tilelang_gemm_hopper"),
     ((4096, 4104, 8), 90, "tilelang_gemm_hopper"),
-    ((4096, 4095, 4096), 90, "tilelang_gemm"),  # n not a multiple of 8
-    ((4096, 4096, 4100), 90, "tilelang_gemm"),  # k not a multiple of 8
+    ((4096, 4095, 4096), 90, "tilelang_gemm_hopper"),  # n padded to a multiple of 8
+    ((4096, 4096, 4100), 90, "tilelang_gemm_hopper"),  # k padded
+    ((4096, 4095, 4096), 80, "tilelang_gemm"),
     ((65, 4096, 4096), 80, "tilelang_gemm"),
     ((4096, 4096, 4096), 86, "tilelang_gemm"),
     ((128, 64, 0), 90, "tilelang_gemm"),  # k == 0: zeros
@@ -177,7 +184,7 @@ def test_every_gemm_call_is_served(arch):
 
 def test_gemm_refusals_say_why():
     with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
-        assert "TMA" in gemm.GemmHopper.refusal(gemm_call(4096, 4095, 4096))
+        assert "k == 0" in gemm.GemmHopper.refusal(gemm_call(4096, 4095, 0))
         assert "tf32" in gemm.GemmGeneral.refusal(gemm_call(64, 64, 64, torch.float32))
         assert "m <= 64" in gemm.GemmSkinny.refusal(gemm_call(65, 64, 64))
         assert "float64" in gemm.GemmGeneral.refusal(gemm_call(64, 64, 64, torch.float64))
@@ -202,6 +209,8 @@ def test_gemm_identities_bake_n_and_k_and_bucket_m():
         assert hopper.entry_for(gemm_call(4096, 4096, 4104))[0] != base
         assert hopper.entry_for(gemm_call(4096, 4104, 4096))[0] != base
         assert hopper.entry_for(gemm_call(4096, 4096, 4096, torch.float16))[0] != base
+        # misaligned layers build their padded shape: 4095 pads to 4096
+        assert hopper.entry_for(gemm_call(4096, 4095, 4089))[0] == base
         buckets = {skinny.entry_for(gemm_call(m, 4096, 4096))[0] for m in range(1, 65)}
         assert len(buckets) == 3  # row tiles of 16, 32 and 64
 
@@ -244,3 +253,21 @@ def test_no_call_is_ambiguous_beside_triton(arch):
                     interface, bn_call(*shape, dtype)
                 )
                 assert chosen.chosen is not None
+
+
+@pytest.mark.parametrize("m,n,k", [(5, 13, 11), (5, 16, 11), (5, 13, 16), (3, 8, 8)])
+def test_hopper_forward_pads_misaligned_operands_with_zeros(m, n, k):
+    """The compiled kernel sees 16-byte aligned rows; the caller gets exactly (m, n)."""
+    seen = []
+
+    def compiled(a, b, c):
+        seen.append((tuple(a.shape), tuple(b.shape), tuple(c.shape)))
+        c.copy_(a.float() @ b.float())
+
+    a = torch.randn(m, k, dtype=torch.bfloat16)
+    b = torch.randn(k, n, dtype=torch.bfloat16)
+    got = gemm.GemmHopper(gemm_call(m, n, k), [compiled])(a, b)
+    kp, np_ = -(-k // 8) * 8, -(-n // 8) * 8
+    assert seen == [((m, kp), (kp, np_), (m, np_))]
+    assert got.shape == (m, n) and got.is_contiguous()
+    torch.testing.assert_close(got, (a.float() @ b.float()).bfloat16())

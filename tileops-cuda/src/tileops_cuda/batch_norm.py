@@ -13,7 +13,7 @@ Which training layout serves a call (n = batch * spatial values per channel, C c
 |----------------------------|------------------------|------------|----------------------------|
 | tilelang_bn_thread_channel | one thread (L1)        | C / 128    | n <= THREAD_VALUES (32)    |
 | tilelang_bn_block_channel  | registers of one block | C          | 32 < n <= REGISTER_ROW_MAX |
-| tilelang_bn_split_channel  | nowhere: two kernels   | C x splits | longer n, C < 2 x SMs      |
+| tilelang_bn_split_channel  | nowhere: two kernels   | C x splits | longer n, C < SMs (below)  |
 | tilelang_bn_tiled          | nowhere: tiles stream  | C          | every call (the fallback)  |
 
 The first three are preferred over tiled, which serves what they refuse: long channels on a
@@ -53,9 +53,11 @@ from .rows import (
 # third walks hit L1. Beyond 32 values a thread's serial walk outlasts a block's reduction.
 THREAD_VALUES = 32
 THREAD_CHANNEL_THREADS = 128  # 4 warps: 32 adjacent channels per warp, adjacent addresses
-# One block per channel fills the device once each multiprocessor holds two such blocks (one
-# loads while the other reduces); with fewer channels, long channels are split across blocks.
-CHANNEL_BLOCKS_PER_SM = 2
+# Split or tiled, measured on the H200 (benchmarks/results/batchnorm_gemm_nvidia_h200.md):
+# tiled's one block per channel wins once C reaches the multiprocessor count, and from half
+# of it while a channel holds fewer than SPLIT_MIN_VALUES (C = 128 at 100K values: tiled 53%
+# of copy, split 44%; at 200K: split 54%, tiled 48%); below half, splitting always wins.
+SPLIT_MIN_VALUES = 1 << 17
 # Split layout: aim for this many blocks per multiprocessor (a short tail: the last wave is at
 # most a quarter of the work), each thread streaming at least MIN_VECTORS_PER_THREAD vectors
 # (loads in flight), chunks rounded to powers of two so batch sizes share builds.
@@ -234,9 +236,10 @@ class BatchNormBlockChannel(_Train):
 
 
 class BatchNormSplitChannel(_Train):
-    """Long channels (n > 16384) and too few of them to fill the device (C < 2 x SMs): each
-    channel split over several blocks. A partial kernel writes each split's (count, mean, M2);
-    a second kernel merges a channel's partials and normalizes its split (x read twice)."""
+    """Long channels (n > 16384) and too few of them to fill the device (C < SMs, and long
+    channels from half of it): each channel split over several blocks. A partial kernel
+    writes each split's (count, mean, M2); a second kernel merges a channel's partials and
+    normalizes its split (x read twice)."""
 
     layout = "split_channel"
     preferred_over = frozenset({"tilelang_bn_tiled"})
@@ -246,11 +249,15 @@ class BatchNormSplitChannel(_Train):
         n = values_per_channel(call)
         if n <= REGISTER_ROW_MAX:
             return f"split_channel serves channels of more than {REGISTER_ROW_MAX} values, not {n}"
-        enough = CHANNEL_BLOCKS_PER_SM * call.sm_count
-        if call.channels >= enough:
+        if call.channels >= call.sm_count:
             return (
-                f"{call.channels} channels give one block each to fill {call.sm_count} "
-                f"multiprocessors {CHANNEL_BLOCKS_PER_SM} times over: tiled serves it unsplit"
+                f"{call.channels} channels give each of the {call.sm_count} multiprocessors a "
+                "block: tiled serves it unsplit"
+            )
+        if 2 * call.channels >= call.sm_count and n < SPLIT_MIN_VALUES:
+            return (
+                f"{call.channels} channels of {n} values (< {SPLIT_MIN_VALUES}) fill half the "
+                "multiprocessors with channels short enough to stream: tiled serves it unsplit"
             )
         return None
 
@@ -620,7 +627,8 @@ def partials_program(call: BatchNormCall, chunk: int) -> Any:
 
 def finish_program(call: BatchNormCall, chunk: int) -> Any:
     """Split layout, kernel 2: block (split, c) merges channel c's partials, normalizes its
-    chunk; block (0, c) updates the running stats."""
+    chunk; block (0, c) updates the running stats. Blocks run in the reverse of kernel 1's
+    order, so the first ones re-read what kernel 1 read last, while it is still in L2."""
     import tilelang.language as T
 
     shape = _Shape(call)
@@ -632,7 +640,8 @@ def finish_program(call: BatchNormCall, chunk: int) -> Any:
 
     @T.macro
     def body(X, W, Bias, RM, RV, P, Y):
-        with T.Kernel(splits, shape.channels, threads=threads) as (split, c):
+        with T.Kernel(splits, shape.channels, threads=threads) as (bx, by):
+            split, c = splits - 1 - bx, shape.channels - 1 - by
             lane = T.get_thread_binding()
             st = T.alloc_local((PARTIAL_FIELDS,), "float32")
             scratch = T.alloc_shared((PARTIAL_FIELDS, threads // WARP), "float32")

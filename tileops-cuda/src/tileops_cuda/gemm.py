@@ -4,7 +4,7 @@ split-K kernel for skinny calls. All take float16 / bfloat16 and accumulate in f
 | key                   | archs      | serves                          | preferred over          |
 |-----------------------|------------|---------------------------------|-------------------------|
 | tilelang_gemm_skinny  | sm_80..90  | m <= 64, k > 0                  | tilelang_gemm, _hopper  |
-| tilelang_gemm_hopper  | sm_90      | k > 0, n and k multiples of 8   | tilelang_gemm           |
+| tilelang_gemm_hopper  | sm_90      | k > 0 (n, k padded to 8s)       | tilelang_gemm           |
 | tilelang_gemm         | sm_80..90  | every 16-bit call (k == 0: 0s)  |                         |
 
 float32 is refused by all three: TileLang's T.gemm runs float32 operands as tf32 on the tensor
@@ -23,10 +23,11 @@ entry exists yet (the H200 session measures them; benchmarks/batchnorm_gemm_h200
 from __future__ import annotations
 
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 
 from tileops import Kernel
 from tileops.kernel import Build
@@ -60,13 +61,15 @@ NO_TMA = {"disable_tma": True}
 
 @dataclass(frozen=True)
 class Tile:
-    """One block's tile: block_m x block_n of C, block_k deep per pipeline stage."""
+    """One block's tile: block_m x block_n of C, block_k deep per pipeline stage; `policy`
+    names TileLang's GemmWarpPolicy (how the warps split the tile)."""
 
     block_m: int
     block_n: int
     block_k: int
     threads: int
     stages: int = MIN_STAGES
+    policy: str = "Square"
 
     def stage_bytes(self, itemsize: int) -> int:
         return (self.block_m + self.block_n) * self.block_k * itemsize
@@ -84,6 +87,10 @@ SKINNY_BLOCK_N, SKINNY_BLOCK_K, SKINNY_THREADS = 64, 128, 128
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return _ceil_div(value, multiple) * multiple
 
 
 def _pow2_ceil(value: int) -> int:
@@ -104,7 +111,7 @@ def _tiles(call: GemmCall, tile: Tile) -> int:
 def _with_stages(tile: Tile, call: GemmCall, k_tiles: int) -> Tile:
     fit = (call.smem_budget - SMEM_RESERVE) // tile.stage_bytes(HALF[call.dtype])
     stages = max(MIN_STAGES, min(MAX_STAGES, fit, k_tiles))
-    return Tile(tile.block_m, tile.block_n, tile.block_k, tile.threads, stages)
+    return replace(tile, stages=stages)
 
 
 @dataclass(frozen=True)
@@ -116,17 +123,22 @@ class SkinnyPlan:
     k_tiles: int
 
 
-def skinny_plan(call: GemmCall) -> SkinnyPlan:
+def skinny_plan(
+    call: GemmCall,
+    block_n: int = SKINNY_BLOCK_N,
+    block_k: int = SKINNY_BLOCK_K,
+    blocks_per_sm: int = SKINNY_BLOCKS_PER_SM,
+) -> SkinnyPlan:
     """Row tile: m rounded up to a power of two, at least 16 (the mma's rows). Split k so that
-    column tiles x splits reach SKINNY_BLOCKS_PER_SM blocks per multiprocessor, keeping at
-    least MIN_K_TILES_PER_SPLIT k tiles per split; no split is left empty."""
+    column tiles x splits reach `blocks_per_sm` blocks per multiprocessor, keeping at least
+    MIN_K_TILES_PER_SPLIT k tiles per split; no split is left empty."""
     block_m = max(16, _pow2_ceil(call.m))
-    columns = _ceil_div(call.n, SKINNY_BLOCK_N)
-    k_tiles = _ceil_div(call.k, SKINNY_BLOCK_K)
-    wanted = _ceil_div(SKINNY_BLOCKS_PER_SM * call.sm_count, columns)
+    columns = _ceil_div(call.n, block_n)
+    k_tiles = _ceil_div(call.k, block_k)
+    wanted = _ceil_div(blocks_per_sm * call.sm_count, columns)
     splits = max(1, min(wanted, k_tiles // MIN_K_TILES_PER_SPLIT))
     per_split = _ceil_div(k_tiles, splits)
-    tile = Tile(block_m, SKINNY_BLOCK_N, SKINNY_BLOCK_K, SKINNY_THREADS)
+    tile = Tile(block_m, block_n, block_k, SKINNY_THREADS)
     return SkinnyPlan(_with_stages(tile, call, per_split), _ceil_div(k_tiles, per_split), per_split)
 
 
@@ -207,7 +219,13 @@ class GemmGeneral(_Gemm):
 
 class GemmHopper(_Gemm):
     """sm_90: TMA loads into a multi-stage shared-memory ring, wgmma from a producer/consumer
-    warp-specialized pipeline (TileLang's sm_90a lowering of T.Pipelined + T.gemm)."""
+    warp-specialized pipeline (TileLang's sm_90a lowering of T.Pipelined + T.gemm).
+
+    TMA needs 16-byte aligned row strides. Where n or k is not a multiple of 8, the operands
+    are copied into zero-padded ones and the result out of a padded one: three copies of the
+    operands' size, against cuBLAS losing ~80% of its throughput on such shapes (4096 x 4095 x
+    4096: 143 TFLOP/s on the H200) and tilelang_gemm's mma.sync with unaligned loads.
+    """
 
     supported_archs = frozenset({90})
     preferred_over = frozenset({"tilelang_gemm"})
@@ -218,22 +236,31 @@ class GemmHopper(_Gemm):
     def region_refusal(cls, call: GemmCall) -> str | None:
         if call.k == 0:
             return "k == 0 leaves nothing to multiply: tilelang_gemm returns the zeros"
-        align = TMA_ALIGN_BYTES // HALF[call.dtype]
-        if call.n % align or call.k % align:
-            return (
-                f"TMA needs 16-byte aligned row strides: n={call.n} and k={call.k} must be "
-                f"multiples of {align} for {DTYPE_NAMES[call.dtype]}; tilelang_gemm serves it"
-            )
         return None
+
+    @classmethod
+    def entry_for(cls, call: GemmCall) -> tuple[Hashable, Build]:
+        """The padded call's entry: one build per padded layer shape."""
+        align = TMA_ALIGN_BYTES // HALF.get(call.dtype, 2)
+        padded = {"n": _round_up(call.n, align), "k": _round_up(call.k, align)}
+        return super().entry_for(type(call)(**{**call.__dict__, **padded}))
 
     @classmethod
     def plan(cls, call: GemmCall) -> Tile:
         return pick_tile(call, HOPPER_TILES)
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        k, n = b.shape
+        align = TMA_ALIGN_BYTES // a.element_size()
+        pad_k, pad_n = _round_up(k, align) - k, _round_up(n, align) - n
+        if pad_k:  # zeros in both operands: the extra products add nothing
+            a, b = F.pad(a, (0, pad_k)), F.pad(b, (0, 0, 0, pad_k))
+        if pad_n:
+            b = F.pad(b, (0, pad_n))
         # A view may start off a 16-byte boundary, which a TMA descriptor cannot address.
         a, b = (t if t.data_ptr() % TMA_ALIGN_BYTES == 0 else t.clone() for t in (a, b))
-        return super().forward(a, b)
+        c = super().forward(a, b)
+        return c[:, :n].contiguous() if pad_n else c
 
 
 class GemmSkinny(_Gemm):
@@ -304,15 +331,16 @@ def gemm_program(call: GemmCall, tile: Tile, tma: bool) -> Any:
             for kk in T.Pipelined(T.ceildiv(k, bk), num_stages=tile.stages):
                 T.copy(A[by * bm, kk * bk], a_tile, annotations=hints)
                 T.copy(B[kk * bk, bx * bn], b_tile, annotations=hints)
-                T.gemm(a_tile, b_tile, acc)
+                T.gemm(a_tile, b_tile, acc, policy=getattr(T.GemmWarpPolicy, tile.policy))
             T.copy(acc, C[by * bm, bx * bn])
 
     return tiles.prim_func(main, dtype, A=(m, k), B=(k, n), C=(m, n))
 
 
-def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
+def skinny_program(call: GemmCall, plan: SkinnyPlan, tma: bool = False) -> Any:
     """Block (column tile, split) multiplies all m rows (one row tile) by its slice of k.
-    Split: float32 partials into P[split * block_m + row, col]; unsplit: straight into C."""
+    Split: float32 partials into P[split * block_m + row, col]; unsplit: straight into C.
+    `tma`: TileLang picks the copies (TMA on sm_90a), else cp.async."""
     import tilelang.language as T
 
     from . import tiles
@@ -321,6 +349,7 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
     tile, per_split = plan.tile, plan.k_tiles
     bm, bn, bk = tile.block_m, tile.block_n, tile.block_k
     split_k = plan.splits > 1
+    hints = None if tma else NO_TMA
     m = T.dynamic("m")
 
     def main(A, B, C):
@@ -330,8 +359,8 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
             acc = T.alloc_fragment((bm, bn), "float32")
             T.clear(acc)
             for kk in T.Pipelined(per_split, num_stages=tile.stages):
-                T.copy(A[0, (split * per_split + kk) * bk], a_tile, annotations=NO_TMA)
-                T.copy(B[(split * per_split + kk) * bk, bx * bn], b_tile, annotations=NO_TMA)
+                T.copy(A[0, (split * per_split + kk) * bk], a_tile, annotations=hints)
+                T.copy(B[(split * per_split + kk) * bk, bx * bn], b_tile, annotations=hints)
                 T.gemm(a_tile, b_tile, acc)
             if split_k:
                 T.copy(acc, C[split * bm, bx * bn])

@@ -1,0 +1,164 @@
+"""GEMM tile sweep on one GPU: candidate tiles of tileops-cuda's Hopper and skinny kernels
+against torch.matmul, measured in the same run.
+
+The tile rules in `tileops_cuda.gemm` are read off this table. Hopper candidates vary the
+tile, pipeline depth and warp policy at the large square shapes; skinny candidates vary the
+column tile, k tile, blocks per multiprocessor and whether the copies may use TMA, at decode
+shapes, scored as % of a same-run copy of the weight's bytes (the weight read dominates).
+
+    python benchmarks/gemm_tiles_h200.py [--workers 14] [--rounds 3] [--out DIR]
+
+Writes `<out>/gemm_tiles_<device>.md`. Candidates that fail to build are listed with the error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import multiprocessing
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SQUARE = [(4096, 4096, 4096), (8192, 8192, 8192)]
+SKINNY = [(1, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096), (1, 8192, 8192), (64, 8192, 8192)]
+DTYPE = torch.bfloat16
+
+
+@dataclass(frozen=True)
+class Candidate:
+    kind: str  # "hopper" or "skinny"
+    shape: tuple[int, int, int]
+    settings: tuple  # hopper: (block_m, block_n, block_k, stages, policy); skinny: below
+
+    @property
+    def label(self) -> str:
+        return " ".join(map(str, self.settings))
+
+
+def candidates() -> list[Candidate]:
+    hopper = [(128, 256, 64, s, p) for s in (3, 4) for p in ("Square", "FullRow")]
+    hopper += [(128, 128, 64, s, p) for s in (4, 6) for p in ("Square", "FullRow")]
+    hopper += [(256, 128, 64, 3, "FullCol"), (128, 192, 64, 4, "FullRow")]
+    skinny = [(bn, bk, bps, tma) for bn in (64, 128) for bk in (64, 128) for bps in (1, 2, 4)
+              for tma in (False, True)]  # fmt: skip
+    return [Candidate("hopper", shape, h) for shape in SQUARE for h in hopper] + [
+        Candidate("skinny", shape, k) for shape in SKINNY for k in skinny
+    ]
+
+
+def call_for(shape: tuple[int, int, int]) -> Any:
+    from tileops.ops import GemmCall
+
+    m, n, k = shape
+    return GemmCall(device=torch.device("cuda"), m=m, n=n, k=k, dtype=DTYPE)
+
+
+def build(candidate: Candidate) -> Any:
+    """The candidate as a callable kernel (compiled through the shared disk cache)."""
+    from tileops_cuda import gemm
+    from tileops_cuda.compile import build_program
+
+    call = call_for(candidate.shape)
+    name = f"sweep/{candidate.kind}/{candidate.shape}/{candidate.settings}"
+    if candidate.kind == "hopper":
+        bm, bn, bk, stages, policy = candidate.settings
+        tile = gemm.Tile(bm, bn, bk, 256, stages, policy)
+        program = build_program(name, lambda: gemm.gemm_program(call, tile, tma=True), 90,
+                                 features="a")  # fmt: skip
+        return gemm.GemmHopper(call, [program])
+    bn, bk, bps, tma = candidate.settings
+    plan = gemm.skinny_plan(call, bn, bk, bps)
+    options = {"features": "a", "pass_configs": {"tl.disable_wgmma": True}} if tma else {
+        "pass_configs": gemm.MMA_SYNC_ONLY}  # fmt: skip
+    programs = [build_program(f"{name}/0", lambda: gemm.skinny_program(call, plan, tma), 90,
+                              **options)]  # fmt: skip
+    if plan.splits > 1:
+        programs.append(build_program(f"{name}/1", lambda: gemm.reduce_program(call, plan), 90))
+    kernel = gemm.GemmSkinny(call, programs)
+    kernel.plan_ = plan
+    return kernel
+
+
+def prebuild(candidate: Candidate) -> str:
+    try:
+        build(candidate)
+        return ""
+    except Exception as error:  # a candidate TileLang cannot lower is reported, not fatal
+        return f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
+
+
+def bench(fn: Any, rounds: int) -> float:
+    from triton.testing import do_bench
+
+    return min(do_bench(fn, return_mode="median") for _ in range(rounds))
+
+
+def copy_gbps(nbytes: int, rounds: int) -> float:
+    src = torch.empty(nbytes // 2, dtype=torch.int16, device="cuda")
+    dst = torch.empty_like(src)
+    return 2 * nbytes / bench(lambda: dst.copy_(src), rounds) / 1e6
+
+
+def measure(
+    shape: tuple[int, int, int], group: list[Candidate], errors: dict, rounds: int
+) -> list[str]:
+    m, n, k = shape
+    a = torch.randn(m, k, device="cuda", dtype=DTYPE)
+    b = torch.randn(k, n, device="cuda", dtype=DTYPE)
+    want = a.float() @ b.float()
+    skinny = group[0].kind == "skinny"
+    weight_gbps = copy_gbps(k * n * 2, rounds) if skinny else 0.0
+
+    def score(ms: float) -> str:
+        if skinny:
+            return f"{100 * k * n * 2 / ms / 1e6 / weight_gbps:.1f}% copy"
+        return f"{2 * m * n * k / ms / 1e9:.1f} TF/s"
+
+    base = bench(lambda: torch.matmul(a, b), rounds)
+    lines = [f"\n## {group[0].kind} {m}x{n}x{k}\n",
+             "| candidate | ms | score | vs matmul | rel. error |", "|---|---|---|---|---|",
+             f"| torch.matmul | {base:.4f} | {score(base)} | 1.00x | |"]  # fmt: skip
+    for candidate in group:
+        if errors.get(candidate):
+            lines.append(f"| {candidate.label} | build failed: {errors[candidate]} | | | |")
+            continue
+        kernel = build(candidate)
+        error = ((kernel(a, b).float() - want).norm() / want.norm()).item()
+        ms = bench(lambda kernel=kernel: kernel(a, b), rounds)
+        cells = f"{ms:.4f} | {score(ms)} | {base / ms:.2f}x | {error:.1e}"
+        lines.append(f"| {candidate.label} | {cells} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 14))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+    todo = candidates()
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(args.workers, mp_context=context) as pool:
+        errors = dict(zip(todo, pool.map(prebuild, todo), strict=True))
+    device = torch.cuda.get_device_name()
+    lines = [f"# GEMM tile sweep on {device}\n",
+             f"{datetime.date.today()}, commit {os.environ.get('GIT_COMMIT', '?')}, torch "
+             f"{torch.__version__}, bfloat16; medians of do_bench (L2 cleared), best of "
+             f"{args.rounds}. Hopper settings: block_m block_n block_k stages policy; skinny: "
+             "block_n block_k blocks-per-SM tma."]  # fmt: skip
+    for shape in dict.fromkeys(c.shape for c in todo):
+        lines += measure(shape, [c for c in todo if c.shape == shape], errors, args.rounds)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"gemm_tiles_{device.replace(' ', '_').lower()}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
