@@ -29,8 +29,8 @@ def gemm_key(call, arch: int) -> str:
         return GemmOp().key_for("gemm", call)
 
 
-# (batch, channels, spatial, arch) -> key at every edge; split/tiled turn at SMs channels, and
-# at half of them for channels shorter than 2^17 values.
+# (batch, channels, spatial, arch) -> key at every edge; split/tiled turn at 1.9 x SMs channels,
+# and at half of them for channels shorter than 2^17 values.
 BN_EDGES = [
     ((8, 4096, 4), 90, "tilelang_bn_thread_channel"),  # n = 32
     ((1, 3, 1), 80, "tilelang_bn_thread_channel"),
@@ -39,11 +39,11 @@ BN_EDGES = [
     ((32, 2048, 49), 80, "tilelang_bn_block_channel"),  # ResNet-50 layer4 at batch 32
     ((1, 8, 16385), 90, "tilelang_bn_split_channel"),
     ((32, 64, 3136), 90, "tilelang_bn_split_channel"),  # ResNet-50 layer1
-    ((4, 128, 1 << 20), 90, "tilelang_bn_split_channel"),
-    ((256, 131, 784), 90, "tilelang_bn_split_channel"),  # 131 < 132 SMs, n = 200704
-    ((256, 132, 784), 90, "tilelang_bn_tiled"),
-    ((256, 107, 1024), 80, "tilelang_bn_split_channel"),  # 107 < 108 SMs, n = 2^18
-    ((256, 108, 1024), 80, "tilelang_bn_tiled"),
+    ((4, 128, 1 << 20), 80, "tilelang_bn_split_channel"),
+    ((256, 250, 784), 90, "tilelang_bn_split_channel"),  # 250 < 1.9 x 132, n = 200704
+    ((256, 251, 784), 90, "tilelang_bn_tiled"),
+    ((256, 205, 1024), 80, "tilelang_bn_split_channel"),  # 205 < 1.9 x 108, n = 2^18
+    ((256, 206, 1024), 80, "tilelang_bn_tiled"),
     ((32, 65, 4096), 90, "tilelang_bn_split_channel"),  # 65 < 132 / 2, n = 2^17
     ((32, 66, 4095), 90, "tilelang_bn_tiled"),  # n = 2^17 - 32
     ((32, 66, 4096), 90, "tilelang_bn_split_channel"),  # n = 2^17

@@ -13,7 +13,7 @@ Which training layout serves a call (n = batch * spatial values per channel, C c
 |----------------------------|------------------------|------------|----------------------------|
 | tilelang_bn_thread_channel | one thread (L1)        | C / 128    | n <= THREAD_VALUES (32)    |
 | tilelang_bn_block_channel  | registers of one block | C          | 32 < n <= REGISTER_ROW_MAX |
-| tilelang_bn_split_channel  | nowhere: two kernels   | C x splits | longer n, C < SMs (below)  |
+| tilelang_bn_split_channel  | nowhere: two kernels   | C x splits | longer n, C < ~2 x SMs     |
 | tilelang_bn_tiled          | nowhere: tiles stream  | C          | every call (the fallback)  |
 
 The first three are preferred over tiled, which serves what they refuse: long channels on a
@@ -54,9 +54,12 @@ from .rows import (
 THREAD_VALUES = 32
 THREAD_CHANNEL_THREADS = 128  # 4 warps: 32 adjacent channels per warp, adjacent addresses
 # Split or tiled, measured on the H200 (benchmarks/results/batchnorm_gemm_nvidia_h200.md):
-# tiled's one block per channel wins once C reaches the multiprocessor count, and from half
-# of it while a channel holds fewer than SPLIT_MIN_VALUES (C = 128 at 100K values: tiled 53%
-# of copy, split 44%; at 200K: split 54%, tiled 48%); below half, splitting always wins.
+# tiled's one block per channel wins once its C blocks give about two to every multiprocessor
+# (C = 256 on 132: 64-68% of copy against split's 50-66%); with one or fewer per
+# multiprocessor (C between half and TILED_BLOCKS_PER_SM x SMs), it wins only while a channel
+# holds fewer than SPLIT_MIN_VALUES (C = 128 at 100K values: tiled 53%, split 44%; at 200K:
+# split 54%, tiled 48%); below half the multiprocessors, splitting always wins.
+TILED_BLOCKS_PER_SM = 1.9
 SPLIT_MIN_VALUES = 1 << 17
 # Split layout: aim for this many blocks per multiprocessor (a short tail: the last wave is at
 # most a quarter of the work), each thread streaming at least MIN_VECTORS_PER_THREAD vectors
@@ -236,8 +239,8 @@ class BatchNormBlockChannel(_Train):
 
 
 class BatchNormSplitChannel(_Train):
-    """Long channels (n > 16384) and too few of them to fill the device (C < SMs, and long
-    channels from half of it): each channel split over several blocks. A partial kernel
+    """Long channels (n > 16384) and too few of them to fill the device twice (see
+    TILED_BLOCKS_PER_SM): each channel split over several blocks. A partial kernel
     writes each split's (count, mean, M2); a second kernel merges a channel's partials and
     normalizes its split (x read twice)."""
 
@@ -249,10 +252,10 @@ class BatchNormSplitChannel(_Train):
         n = values_per_channel(call)
         if n <= REGISTER_ROW_MAX:
             return f"split_channel serves channels of more than {REGISTER_ROW_MAX} values, not {n}"
-        if call.channels >= call.sm_count:
+        if call.channels >= TILED_BLOCKS_PER_SM * call.sm_count:
             return (
-                f"{call.channels} channels give each of the {call.sm_count} multiprocessors a "
-                "block: tiled serves it unsplit"
+                f"{call.channels} channels give each of the {call.sm_count} multiprocessors about "
+                "two blocks: tiled serves it unsplit"
             )
         if 2 * call.channels >= call.sm_count and n < SPLIT_MIN_VALUES:
             return (
