@@ -6,7 +6,8 @@ tile, pipeline depth and warp policy at the large square shapes; skinny candidat
 column tile, k tile, blocks per multiprocessor and whether the copies may use TMA, at decode
 shapes, scored as % of a same-run copy of the weight's bytes (the weight read dominates).
 
-    python benchmarks/gemm_tiles_h200.py [--workers 14] [--rounds 3] [--out DIR]
+    python benchmarks/gemm_tiles_h200.py [--kinds hopper,skinny] [--workers 14] [--rounds 3]
+        [--out DIR]
 
 Writes `<out>/gemm_tiles_<device>.md`. Candidates that fail to build are listed with the error.
 """
@@ -138,11 +139,12 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kinds", default="hopper,skinny", help="which kernels to sweep")
     parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 14))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
-    todo = candidates()
+    todo = [c for c in candidates() if c.kind in args.kinds.split(",")]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(args.workers, mp_context=context) as pool:
         errors = dict(zip(todo, pool.map(prebuild, todo), strict=True))
@@ -156,7 +158,7 @@ def main() -> None:
         lines += measure(shape, [c for c in todo if c.shape == shape], errors, args.rounds)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"gemm_tiles_{device.replace(' ', '_').lower()}.md").write_text("\n".join(lines) + "\n")
+    (out / f"gemm_tiles_{'_'.join(args.kinds.split(','))}_{device.replace(' ', '_').lower()}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

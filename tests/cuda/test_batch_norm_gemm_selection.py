@@ -154,6 +154,8 @@ GEMM_EDGES = [
     ((4096, 4095, 4096), 90, "tilelang_gemm_hopper"),  # n padded to a multiple of 8
     ((4096, 4096, 4100), 90, "tilelang_gemm_hopper"),  # k padded
     ((4096, 4095, 4096), 80, "tilelang_gemm"),
+    ((2048, 4095, 4096), 90, "tilelang_gemm"),  # below 2^36 flops: not worth padding
+    ((1000, 1001, 999), 90, "tilelang_gemm"),
     ((65, 4096, 4096), 80, "tilelang_gemm"),
     ((4096, 4096, 4096), 86, "tilelang_gemm"),
     ((128, 64, 0), 90, "tilelang_gemm"),  # k == 0: zeros
@@ -185,6 +187,7 @@ def test_every_gemm_call_is_served(arch):
 def test_gemm_refusals_say_why():
     with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
         assert "k == 0" in gemm.GemmHopper.refusal(gemm_call(4096, 4095, 0))
+        assert "padding them costs more" in gemm.GemmHopper.refusal(gemm_call(2048, 4095, 4096))
         assert "tf32" in gemm.GemmGeneral.refusal(gemm_call(64, 64, 64, torch.float32))
         assert "m <= 64" in gemm.GemmSkinny.refusal(gemm_call(65, 64, 64))
         assert "float64" in gemm.GemmGeneral.refusal(gemm_call(64, 64, 64, torch.float64))

@@ -4,7 +4,8 @@ split-K kernel for skinny calls. All take float16 / bfloat16 and accumulate in f
 | key                   | archs      | serves                          | preferred over          |
 |-----------------------|------------|---------------------------------|-------------------------|
 | tilelang_gemm_skinny  | sm_80..90  | m <= 64, k > 0                  | tilelang_gemm, _hopper  |
-| tilelang_gemm_hopper  | sm_90      | k > 0 (n, k padded to 8s)       | tilelang_gemm           |
+| tilelang_gemm_hopper  | sm_90      | k > 0; n, k multiples of 8 or   | tilelang_gemm           |
+|                       |            | padded to them from 2^36 flops  |                         |
 | tilelang_gemm         | sm_80..90  | every 16-bit call (k == 0: 0s)  |                         |
 
 float32 is refused by all three: TileLang's T.gemm runs float32 operands as tf32 on the tensor
@@ -16,8 +17,8 @@ masks, one build per layer); m, the tokens or batch, is symbolic, so one build s
 that the tile rule maps to the same tiles. The skinny kernel bakes in its m bucket (16, 32 or
 64: its row tile) and the split of k, which follows from n, k and the device.
 
-Tile rules (`*_config`) are rules over the device facts, not measured tables: no calibration
-entry exists yet (the H200 session measures them; benchmarks/batchnorm_gemm_h200.py).
+Tile rules are rules over the device facts; their constants come from the H200 sweep in
+benchmarks/gemm_tiles_h200.py (results/gemm_tiles_nvidia_h200.md).
 """
 
 from __future__ import annotations
@@ -47,9 +48,12 @@ MIN_STAGES, MAX_STAGES = 2, 4
 # Rasterize blocks in panels of this many tile rows so blocks running together share their
 # B tiles in L2 (the Triton matmul tutorial's GROUP_M).
 SWIZZLE_PANEL = 8
-# Skinny: blocks per multiprocessor the split-K grid aims for (weight streaming wants many
-# loads in flight), and the fewest k tiles per split (enough to fill the pipeline).
-SKINNY_BLOCKS_PER_SM = 4
+# Skinny: blocks per multiprocessor the split-K grid aims for, and the fewest k tiles per split
+# (enough to fill the pipeline). Measured on the H200 (gemm_tiles_h200.py): one block per
+# multiprocessor with 64 x 64 weight tiles beat 2 and 4, 128-column and 128-deep tiles, and
+# TMA copies at m = 1, 16, 64 and n = k = 4096, 8192 (57% of copy at m = 1, n = k = 4096,
+# against 55% for the earlier 4 blocks of 64 x 128).
+SKINNY_BLOCKS_PER_SM = 1
 MIN_K_TILES_PER_SPLIT = 4
 REDUCE_THREADS = 256
 # TileLang lowerings that would pick wgmma and warp specialization on sm_90: off for the
@@ -82,7 +86,12 @@ HOPPER_TILES = (Tile(128, 256, 64, 256), Tile(128, 128, 64, 256), Tile(64, 128, 
 # sm_80 style (mma.sync + cp.async): TileLang's Ampere example tiles, 32-deep k.
 GENERAL_TILES = (Tile(128, 256, 32, 256), Tile(128, 128, 32, 128), Tile(64, 64, 32, 128))
 # Skinny: narrow columns (more blocks along n), deep k (long weight streams per stage).
-SKINNY_BLOCK_N, SKINNY_BLOCK_K, SKINNY_THREADS = 64, 128, 128
+SKINNY_BLOCK_N, SKINNY_BLOCK_K, SKINNY_THREADS = 64, 64, 128
+# Padding a misaligned call for TMA costs three copies and their host time; from 2^36 flops
+# (about 110 us of GEMM) the Hopper kernel still wins by 3x (4096 x 4095 x 4096: 463 TFLOP/s
+# against cuBLAS's 143), below it the host time sinks it (1000 x 1001 x 999: 19 against 48
+# for tilelang_gemm).
+PAD_MIN_FLOPS = 1 << 36
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -221,10 +230,9 @@ class GemmHopper(_Gemm):
     """sm_90: TMA loads into a multi-stage shared-memory ring, wgmma from a producer/consumer
     warp-specialized pipeline (TileLang's sm_90a lowering of T.Pipelined + T.gemm).
 
-    TMA needs 16-byte aligned row strides. Where n or k is not a multiple of 8, the operands
-    are copied into zero-padded ones and the result out of a padded one: three copies of the
-    operands' size, against cuBLAS losing ~80% of its throughput on such shapes (4096 x 4095 x
-    4096: 143 TFLOP/s on the H200) and tilelang_gemm's mma.sync with unaligned loads.
+    TMA needs 16-byte aligned row strides. Where n or k is not a multiple of 8 in a large
+    call (PAD_MIN_FLOPS), the operands are copied into zero-padded ones and the result out of
+    a padded one, against cuBLAS losing ~80% of its throughput on such shapes.
     """
 
     supported_archs = frozenset({90})
@@ -236,6 +244,13 @@ class GemmHopper(_Gemm):
     def region_refusal(cls, call: GemmCall) -> str | None:
         if call.k == 0:
             return "k == 0 leaves nothing to multiply: tilelang_gemm returns the zeros"
+        align = TMA_ALIGN_BYTES // HALF[call.dtype]
+        if (call.n % align or call.k % align) and 2 * call.m * call.n * call.k < PAD_MIN_FLOPS:
+            return (
+                f"TMA needs 16-byte aligned rows: n={call.n} and k={call.k} are not both "
+                f"multiples of {align}, and below {PAD_MIN_FLOPS} flops padding them costs more "
+                "than it saves; tilelang_gemm serves it"
+            )
         return None
 
     @classmethod
