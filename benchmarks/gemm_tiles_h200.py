@@ -158,7 +158,8 @@ def main() -> None:
         lines += measure(shape, [c for c in todo if c.shape == shape], errors, args.rounds)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"gemm_tiles_{'_'.join(args.kinds.split(','))}_{device.replace(' ', '_').lower()}.md").write_text("\n".join(lines) + "\n")
+    stem = f"gemm_tiles_{args.kinds.replace(',', '_')}_{device.replace(' ', '_').lower()}"
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
