@@ -113,6 +113,13 @@ def test_triton_wins_where_it_measured_faster_on_the_h200_only(with_cuda_stand_i
         assert new_op(op_cls).key_for(interface, call) in STAND_IN_REGIONS
 
 
+def test_triton_softmax_wins_at_16k_in_float32_too(with_cuda_stand_ins):
+    with simulate_device(CUDA, **H200):
+        for n, key in ((16384, "triton"), (8192, "tilelang_block_row")):
+            interface, call = row_calls(n, torch.float32)[SoftmaxFwdOp]
+            assert new_op(SoftmaxFwdOp).key_for(interface, call) == key
+
+
 @pytest.mark.parametrize("facts", [T4, BLACKWELL], ids=["sm_75", "sm_120"])
 def test_beside_tileops_cuda_triton_serves_archs_tilelang_lacks(with_cuda_stand_ins, facts):
     with simulate_device(CUDA, **facts):

@@ -29,7 +29,7 @@ RMS_NORM_KEY = "triton"
 
 # Where Triton measured faster than the tileops-cuda kernel serving the call, on the H200:
 # benchmarks/norms_h200.py, 2026-11-29, bf16, 2**26 elements, % of copy bandwidth; TileLang
-# from results/norms_h200_bf16_first.md, Triton from the same script with tileops-cuda disabled.
+# from a first run of that script, Triton from a second run with tileops-cuda disabled.
 # N=16K: LayerNorm 88.9 vs 54.5 (tilelang_block_row), RMSNorm 95.8 vs 69.8. Not faster at 1K
 # (LayerNorm 101.8 vs 100.1, RMSNorm 100.7 vs 100.6: a tie) nor 64K (66.4 vs 73.7, 68.0 vs 86.3
 # for tilelang_smem_row). The region is the rows Triton runs with the plan measured at 16K.
