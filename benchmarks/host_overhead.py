@@ -1,4 +1,4 @@
-"""Host time per op call at a decode-sized input, against torch and a custom_op wrapper.
+"""Host time per op call at decode-sized inputs, against torch and a custom_op wrapper.
 
 Run `python benchmarks/host_overhead.py [--device cuda]`. For each op: the torch function it
 matches called eagerly, the kernel that serves the op called directly, the tileops op called
@@ -7,7 +7,7 @@ route tracing, autograd and autocast take), and a `torch.library.custom_op` wrap
 op, the usual way to make an op compile-safe.
 Each row is the median over repeats of a loop's wall time per call, with the device
 synchronised at the end of each loop, so on a GPU the figure is host time whenever launching
-is slower than the kernel (true at this size). The goal: the eager op's overhead above the
+is slower than the kernel (true at these sizes). The goal: the eager op's overhead above the
 kernel it runs stays below half of the custom_op wrapper's overhead above that kernel.
 """
 
@@ -29,9 +29,13 @@ from tileops import library
 
 
 def cases(device: str, dtype: torch.dtype) -> dict:
-    """(op, inputs, the torch function it matches) at a decode-sized input, 1 x 4096."""
+    """(op, inputs, the torch function it matches) at decode-sized inputs: rows of 1 x 4096,
+    a 1 x 256 x 256 GEMM, BatchNorm training on an 8 x 64 x 7 x 7 layer."""
     x = torch.randn(1, 4096, device=device, dtype=dtype)
     w, b = (torch.randn(4096, device=device, dtype=dtype) for _ in range(2))
+    a, weight = (torch.randn(shape, device=device, dtype=dtype) for shape in ((1, 256), (256, 256)))
+    image = torch.randn(8, 64, 7, 7, device=device, dtype=dtype)
+    per_channel = [torch.rand(64, device=device, dtype=dtype) + 0.5 for _ in range(4)]
     return {
         "rms_norm": (tileops.RMSNormFwdOp(4096), (x, w), lambda: F.rms_norm(x, (4096,), w)),
         "layer_norm": (
@@ -40,16 +44,24 @@ def cases(device: str, dtype: torch.dtype) -> dict:
             lambda: F.layer_norm(x, (4096,), w, b),
         ),
         "softmax": (tileops.SoftmaxFwdOp(), (x,), lambda: torch.softmax(x, -1)),
+        "gemm": (tileops.GemmOp(), (a, weight), lambda: torch.mm(a, weight)),
+        "batch_norm": (
+            tileops.BatchNormFwdOp(64),
+            (image, *per_channel),
+            lambda: F.batch_norm(image, *per_channel[2:], *per_channel[:2], True),
+        ),
     }
 
 
 def wrapper(name: str, op: tileops.Op, inputs: tuple) -> object:
-    """A torch.library.custom_op around the op: what users write to make an op compile-safe."""
+    """A torch.library.custom_op around the op: what users write to make an op compile-safe
+    (BatchNorm's running statistics, its last two inputs, declared as mutated)."""
     annotations = ", ".join(f"t{k}: torch.Tensor" for k in range(len(inputs)))
     args = ", ".join(f"t{k}" for k in range(len(inputs)))
     namespace = {"torch": torch, "op": op}
     exec(f"def {name}({annotations}) -> torch.Tensor:\n    return op({args})", namespace)
-    return torch.library.custom_op(f"bench::{name}", namespace[name], mutates_args=())
+    mutated = (f"t{len(inputs) - 2}", f"t{len(inputs) - 1}") if name == "batch_norm" else ()
+    return torch.library.custom_op(f"bench::{name}", namespace[name], mutates_args=mutated)
 
 
 def serving_kernel(op: tileops.Op, inputs: tuple) -> object:
@@ -115,7 +127,8 @@ def report(rows: list[tuple], device: str, dtype: torch.dtype) -> str:
     )
     name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
     lines = [
-        f"host time per call, 1 x 4096 {str(dtype).replace('torch.', '')} on {device} ({name}); "
+        "host time per call, decode-sized inputs (rows 1 x 4096, GEMM 1 x 256 x 256, BatchNorm "
+        f"8 x 64 x 7 x 7), {str(dtype).replace('torch.', '')} on {device} ({name}); "
         f"torch {torch.__version__}; {datetime.date.today()} commit {commit or 'unknown'}",
         "",
         f"{'op':<12} {'torch ns':>9} {'kernel ns':>10} {'op ns':>9} {'operator ns':>12} "
