@@ -25,6 +25,7 @@ LENGTHS = {
     "block_row": (1025, 4096, 16384),
     "smem_row": (16385, 65536),
     "stream_row": (65536, 262147),
+    "cluster_row": (16385, 65536, 262147),
 }
 ROW_OPS = (LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp)
 # Simulated devices of the selection tests: facts as torch reports them on these boards.

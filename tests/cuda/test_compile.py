@@ -19,6 +19,7 @@ REPRESENTATIVE = {
     "block_row": (16383, torch.float16),
     "smem_row": (40000, torch.float32),
     "stream_row": (262144, torch.bfloat16),
+    "cluster_row": (262147, torch.float32),
 }
 SMEM_BUDGET = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 CASES = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
@@ -73,16 +74,63 @@ def test_every_length_is_served(name, arch):
 
 
 def test_declarations():
+    # Preferences only where regions overlap: smem_row inside stream_row's, and both over
+    # cluster_row (sm_90 only) until the H200 measures it.
+    preferred = {
+        "smem_row": {"tilelang_stream_row", "tilelang_cluster_row"},
+        "stream_row": {"tilelang_cluster_row"},
+    }
     for op in ROW_OPS:
         for key, cls in tileops_cuda.KERNELS[op].items():
-            assert cls.supported_archs == {80, 86, 89, 90}
+            archs = {90} if cls.layout == "cluster_row" else {80, 86, 89, 90}
+            assert cls.supported_archs == archs
             assert cls.devices == {"cuda"}
             assert not cls.general
-            # Preferences only where regions overlap: smem_row inside stream_row's.
-            assert cls.preferred_over == (
-                {"tilelang_stream_row"} if cls.layout == "smem_row" else set()
-            )
+            assert cls.preferred_over == preferred.get(cls.layout, set())
             assert key == f"tilelang_{cls.layout}"
+
+
+@pytest.mark.parametrize(
+    "n,dtype,cluster,chunks",
+    [
+        (16385, torch.bfloat16, 2, 17),  # odd: vectors of one element
+        (65536, torch.bfloat16, 2, 8),  # 64 KB slices
+        (65537, torch.bfloat16, 4, 33),
+        (262144, torch.bfloat16, 8, 8),
+        (65536, torch.float32, 4, 8),
+        (262144, torch.float32, 8, 16),  # 128 KB slices: over 64 KB, within the budget
+    ],
+)
+def test_cluster_row_slices(n, dtype, cluster, chunks):
+    """The smallest cluster whose slices fit 64 KB, else 8 blocks while the budget holds."""
+    with simulate_device("cuda:0", arch=90, **DEVICES[90]):
+        plan = tileops_cuda.norms.RMSNormClusterRow.plan(make_call("RMSNormFwdOp", n, dtype))
+    assert (plan.cluster, plan.chunks, plan.lanes, plan.hold) == (cluster, chunks, 512, "shared")
+    assert plan.padded >= n > plan.padded - plan.cluster * plan.lanes * plan.vec
+
+
+def test_cluster_row_refuses_rows_no_cluster_holds_and_is_outranked():
+    with simulate_device("cuda:0", arch=90, **DEVICES[90]):
+        cls = tileops_cuda.softmax.SoftmaxClusterRow
+        too_long = make_call("SoftmaxFwdOp", 8 * 60000, torch.float32)  # 240 KB slices
+        assert "stream_row serves it" in cls.refusal(too_long)
+        assert "fits in registers" in cls.refusal(make_call("SoftmaxFwdOp", 16384, torch.float32))
+        call = make_call("SoftmaxFwdOp", 262144, torch.bfloat16)
+        assert cls.refusal(call) is None
+        explanation = _op("SoftmaxFwdOp").explain(INTERFACE["SoftmaxFwdOp"], call)
+        assert explanation.verdict("tilelang_cluster_row") == "outranked"
+
+
+def test_cluster_row_workspace_holds_each_blocks_partials():
+    with simulate_device("cuda:0", arch=90, **DEVICES[90]):
+        plan = tileops_cuda.norms.LayerNormClusterRow.plan(
+            make_call("LayerNormFwdOp", 262144, torch.bfloat16)
+        )
+    kernel = tileops_cuda.norms.LayerNormClusterRow(compiled=None, plan=plan)
+    (workspace,) = kernel.workspace(torch.empty(5, 262144))
+    assert workspace.shape == (5, 8, 2) and workspace.dtype == torch.float32
+    unclustered = tileops_cuda.norms.LayerNormSmemRow(None, dataclasses.replace(plan, cluster=1))
+    assert unclustered.workspace(torch.empty(5, 10)) == ()
 
 
 @pytest.mark.parametrize("name", sorted(OPS))

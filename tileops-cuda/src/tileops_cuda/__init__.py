@@ -28,18 +28,21 @@ KERNELS = {
         "tilelang_block_row": norms.LayerNormBlockRow,
         "tilelang_smem_row": norms.LayerNormSmemRow,
         "tilelang_stream_row": norms.LayerNormStreamRow,
+        "tilelang_cluster_row": norms.LayerNormClusterRow,
     },
     RMSNormFwdOp: {
         "tilelang_warp_rows": norms.RMSNormWarpRows,
         "tilelang_block_row": norms.RMSNormBlockRow,
         "tilelang_smem_row": norms.RMSNormSmemRow,
         "tilelang_stream_row": norms.RMSNormStreamRow,
+        "tilelang_cluster_row": norms.RMSNormClusterRow,
     },
     SoftmaxFwdOp: {
         "tilelang_warp_rows": softmax.SoftmaxWarpRows,
         "tilelang_block_row": softmax.SoftmaxBlockRow,
         "tilelang_smem_row": softmax.SoftmaxSmemRow,
         "tilelang_stream_row": softmax.SoftmaxStreamRow,
+        "tilelang_cluster_row": softmax.SoftmaxClusterRow,
     },
     BatchNormFwdOp: {
         "tilelang_bn_thread_channel": batch_norm.BatchNormThreadChannel,

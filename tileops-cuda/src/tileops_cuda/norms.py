@@ -16,6 +16,7 @@ from tileops.ops import LayerNormInterface, RMSNormInterface
 from .rows import (
     DTYPE_NAMES,
     BlockRow,
+    ClusterRow,
     RowKernel,
     RowPlan,
     SmemRow,
@@ -39,7 +40,7 @@ class _LayerNorm(RowKernel, LayerNormInterface):
         self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
     ) -> torch.Tensor:
         y = torch.empty_like(x)
-        self.compiled(x, *[t for t in (weight, bias) if t is not None], y)
+        self.compiled(x, *[t for t in (weight, bias) if t is not None], *self.workspace(x), y)
         return y
 
 
@@ -59,6 +60,10 @@ class LayerNormStreamRow(StreamRow, _LayerNorm):
     """Any long row: statistics in one streaming pass (shifted sums), then the output pass."""
 
 
+class LayerNormClusterRow(ClusterRow, _LayerNorm):
+    """Long rows on sm_90: a slice per block of a cluster, (sum, M2) of the slices merged."""
+
+
 # -- RMSNorm ---------------------------------------------------------------------------------
 
 
@@ -73,10 +78,7 @@ class _RMSNorm(RowKernel, RMSNormInterface):
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         y = torch.empty_like(x)
-        if weight is None:
-            self.compiled(x, y)
-        else:
-            self.compiled(x, weight, y)
+        self.compiled(x, *[t for t in (weight,) if t is not None], *self.workspace(x), y)
         return y
 
 
@@ -96,13 +98,19 @@ class RMSNormStreamRow(StreamRow, _RMSNorm):
     """Any long row: sum of squares in one streaming pass, then the output pass."""
 
 
+class RMSNormClusterRow(ClusterRow, _RMSNorm):
+    """Long rows on sm_90: a slice per block of a cluster, the slices' sums of squares added."""
+
+
 # -- TileLang programs -----------------------------------------------------------------------
 
 
 def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias: bool) -> Any:
     """The prim_func normalizing rows of `call.n` elements (kind "layer" or "rms") with `plan`.
 
-    The row count is symbolic: one compiled kernel serves every row count.
+    The row count is symbolic: one compiled kernel serves every row count. With a cluster
+    (cluster_row), block `part` of a row holds elements [part * slice, (part + 1) * slice) and
+    the blocks' statistics meet in S[row, part] across a cluster barrier.
     """
     import tilelang.language as T
 
@@ -112,6 +120,7 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
     pdtype = DTYPE_NAMES[call.param_dtype or call.dtype]  # float32 weights under mixed precision
     lanes, vec = plan.lanes, plan.vec
     exact = plan.padded == n  # no lane's vector runs past the row's end
+    cluster, size = plan.cluster, plan.slice
     # Streamed LayerNorm rows take their statistics in one shifted pass, except odd rows
     # (vec 1): for some lengths TileLang 0.1.15's StorageRewrite rejects that program, so they
     # read the row once more (mean, then variance, then output) instead.
@@ -119,12 +128,15 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
     m = T.dynamic("m")
 
     @T.macro
-    def body(X, W, B, Y):
-        with T.Kernel(T.ceildiv(m, plan.rows), threads=plan.threads) as bx:
+    def body(X, W, B, S, Y):
+        with tiles.launch(plan, m) as bx:
             T.annotate_min_blocks_per_sm(plan.blocks_per_sm)
             tx = T.get_thread_binding()
             lane = tx % lanes
-            row = bx * plan.rows + tx // lanes
+            row = (bx // cluster) * plan.rows + tx // lanes
+            part = bx % cluster
+            base = part * size  # where this block's slice starts (0 without a cluster)
+            held = T.min(T.max(n - base, 0), size)  # elements of the row in this block
             store = tiles.row_store(plan, dtype)
             scratch = T.alloc_shared((2, tiles.warps(plan)), "float32")
             t = T.alloc_local((vec,), "float32")
@@ -139,8 +151,8 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
                 tiles.reload(X, store, plan, row, 0, 0, t)
                 shift = t[0]
             for k in tiles.chunk_loop(plan):
-                if row < m and (exact or (k * lanes + lane) * vec < n):
-                    tiles.load(X, store, plan, row, lane, k, t)
+                if row < m and (exact or base + (k * lanes + lane) * vec < n):
+                    tiles.load(X, store, plan, row, lane, k, t, base)
                     for v in T.unroll(vec):
                         if kind == "rms":
                             s1 += t[v] * t[v]
@@ -149,27 +161,53 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
                             s2 += (t[v] - shift) * (t[v] - shift)
             mean = T.alloc_var("float32", init=0.0)
             var = T.alloc_var("float32", init=0.0)
-            if kind == "rms":
+            if kind == "rms" and cluster > 1:
+                squares = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
+                if tx == 0:
+                    S[row, part, 0] = squares
+                T.cluster_sync()
+                var = 0.0
+                for p in T.unroll(cluster):
+                    var += S[row, p, 0]
+                var = var / n
+            elif kind == "rms":
                 var = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane) / n
             elif streaming_layer:
                 a = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane) / n
                 b = tiles.reduce_group(s2, "sum", plan, scratch, 1, lane) / n
                 mean = shift + a
                 var = T.max(b - a * a, 0.0)
-            else:
-                mean = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane) / n
+            else:  # the block's mean, then squared deviations from it: its slice's (sum, M2)
+                total = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
+                mean = total / T.max(held, 1)
                 s2 = 0.0
                 for k in tiles.chunk_loop(plan):
-                    if row < m and (exact or (k * lanes + lane) * vec < n):
-                        tiles.reload(X, store, plan, row, lane, k, t)
+                    if row < m and (exact or base + (k * lanes + lane) * vec < n):
+                        tiles.reload(X, store, plan, row, lane, k, t, base)
                         for v in T.unroll(vec):
                             s2 += (t[v] - mean) * (t[v] - mean)
-                var = tiles.reduce_group(s2, "sum", plan, scratch, 1, lane) / n
+                spread = tiles.reduce_group(s2, "sum", plan, scratch, 1, lane)
+                var = spread / n
+                if cluster > 1:  # Chan's merge of the slices' (count, mean, M2)
+                    if tx == 0:
+                        S[row, part, 0] = total
+                        S[row, part, 1] = spread
+                    T.cluster_sync()
+                    mean = 0.0
+                    for p in T.unroll(cluster):
+                        mean += S[row, p, 0]
+                    mean = mean / n
+                    var = 0.0
+                    for p in T.unroll(cluster):
+                        count = T.Cast("float32", T.min(T.max(n - p * size, 0), size))
+                        gap = S[row, p, 0] / T.max(count, 1.0) - mean
+                        var += S[row, p, 1] + count * gap * gap
+                    var = var / n
             rstd = T.rsqrt(var + eps)
             for k in tiles.chunk_loop(plan):
-                col = (k * lanes + lane) * vec
+                col = base + (k * lanes + lane) * vec
                 if row < m and (exact or col < n):
-                    tiles.reload(X, store, plan, row, lane, k, t)
+                    tiles.reload(X, store, plan, row, lane, k, t, base)
                     for v in T.vectorized(vec):
                         if has_weight and has_bias:
                             Y[row, col + v] = (t[v] - mean) * rstd * W[col + v] + B[col + v]
@@ -181,10 +219,13 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
                             Y[row, col + v] = (t[v] - mean) * rstd
 
     rows, vector = (m, n), (n,)
+    if cluster > 1:
+        return _cluster_norm_func(body, dtype, pdtype, rows, vector, (m, cluster, 2), has_weight,
+                                  has_bias)  # fmt: skip
     if has_weight and has_bias:
 
         def main(X, W, B, Y):
-            body(X, W, B, Y)
+            body(X, W, B, None, Y)
 
         return tiles.prim_func(
             main, dtype, {"W": pdtype, "B": pdtype}, X=rows, W=vector, B=vector, Y=rows
@@ -192,11 +233,36 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
     if has_weight or has_bias:
 
         def main(X, P, Y):
-            body(X, P, P, Y)
+            body(X, P, P, None, Y)
 
         return tiles.prim_func(main, dtype, {"P": pdtype}, X=rows, P=vector, Y=rows)
 
     def main(X, Y):
-        body(X, None, None, Y)
+        body(X, None, None, None, Y)
 
     return tiles.prim_func(main, dtype, X=rows, Y=rows)
+
+
+def _cluster_norm_func(body, dtype, pdtype, rows, vector, work, has_weight, has_bias) -> Any:
+    """norm_program's prim_func with the cluster's workspace S before Y."""
+    from . import tiles
+
+    f32 = {"S": "float32"}
+    if has_weight and has_bias:
+
+        def main(X, W, B, S, Y):
+            body(X, W, B, S, Y)
+
+        dtypes = {"W": pdtype, "B": pdtype, **f32}
+        return tiles.prim_func(main, dtype, dtypes, X=rows, W=vector, B=vector, S=work, Y=rows)
+    if has_weight or has_bias:
+
+        def main(X, P, S, Y):
+            body(X, P, P, S, Y)
+
+        return tiles.prim_func(main, dtype, {"P": pdtype, **f32}, X=rows, P=vector, S=work, Y=rows)
+
+    def main(X, S, Y):
+        body(X, None, None, S, Y)
+
+    return tiles.prim_func(main, dtype, f32, X=rows, S=work, Y=rows)

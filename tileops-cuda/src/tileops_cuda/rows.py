@@ -13,6 +13,13 @@ between its reduction and its output pass decides the layout:
 | block_row  | registers of one block     | one            | up to REGISTER_ROW_MAX (16384)   |
 | smem_row   | shared memory of one block | one            | longer rows within the smem budget |
 | stream_row | nowhere: read twice        | one            | every longer row                 |
+| cluster_row| shared memory of a cluster | 1/2 .. 1/8     | long rows on sm_90 (see below)   |
+
+cluster_row splits a row over a thread-block cluster (sm_90): each block keeps a slice of at
+most CLUSTER_SLICE_BYTES in shared memory, so even 256K-element rows are read once and several
+blocks share a multiprocessor (one loads while another reduces). Blocks exchange their partial
+statistics through a small global workspace across a cluster barrier. It is not yet measured
+on a GPU: smem_row and stream_row are preferred over it until the H200 numbers say otherwise.
 """
 
 from __future__ import annotations
@@ -55,13 +62,19 @@ THREADS_PER_SM = {80: 2048, 86: 1536, 89: 1536, 90: 2048}
 REDUCE_SCRATCH_BYTES = 1024
 # Archs the kernels are compiled and checked for; nothing in them needs more than sm_80.
 AMPERE_AND_LATER = frozenset({80, 86, 89, 90})
+# cluster_row: portable cluster sizes, threads per block, and the slice a block keeps (three
+# such blocks fit an sm_90 multiprocessor's shared memory).
+CLUSTER_SIZES = (2, 4, 8)
+CLUSTER_THREADS = 512
+CLUSTER_SLICE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
 class RowPlan:
     """Threads of one row: `lanes` threads per row, `rows` rows per block, `chunks` vectors of
     `vec` elements per lane; `hold` is where the row waits: registers, shared or nowhere.
-    `blocks_per_sm` is the residency the compiler must leave registers for (launch bounds)."""
+    `blocks_per_sm` is the residency the compiler must leave registers for (launch bounds);
+    `cluster` blocks share one row, a slice each (cluster_row)."""
 
     hold: str
     rows: int
@@ -69,15 +82,21 @@ class RowPlan:
     vec: int
     chunks: int
     blocks_per_sm: int = 1
+    cluster: int = 1
 
     @property
     def threads(self) -> int:
         return self.rows * self.lanes
 
     @property
+    def slice(self) -> int:
+        """Elements one block covers of its row."""
+        return self.chunks * self.lanes * self.vec
+
+    @property
     def padded(self) -> int:
         """Elements the layout covers: n rounded up to whole chunks."""
-        return self.chunks * self.lanes * self.vec
+        return self.slice * self.cluster
 
 
 def _pow2_ceil(value: int) -> int:
@@ -118,6 +137,20 @@ def long_row_plan(n: int, dtype: torch.dtype, hold: str) -> RowPlan:
     return RowPlan(hold, 1, LONG_ROW_THREADS, vec, _ceil_div(n, LONG_ROW_THREADS * vec))
 
 
+def cluster_row_plan(n: int, dtype: torch.dtype, smem_budget: int) -> RowPlan | None:
+    """The smallest cluster whose slices fit CLUSTER_SLICE_BYTES, else the largest cluster if
+    its slices fit the budget; None when no cluster holds the row."""
+    vec = vector_width(n, dtype)
+    for size in CLUSTER_SIZES:
+        chunks = _ceil_div(n, size * CLUSTER_THREADS * vec)
+        plan = RowPlan("shared", 1, CLUSTER_THREADS, vec, chunks, cluster=size)
+        if plan.slice * ITEMSIZE[dtype] <= CLUSTER_SLICE_BYTES or (
+            size == CLUSTER_SIZES[-1] and plan_smem_bytes(plan, dtype) <= smem_budget
+        ):
+            return plan
+    return None
+
+
 def with_occupancy(plan: RowPlan, call: Any) -> RowPlan:
     """`plan` with the most blocks per SM that its registers, threads and shared memory allow:
     while one block reduces or writes, another loads."""
@@ -128,13 +161,18 @@ def with_occupancy(plan: RowPlan, call: Any) -> RowPlan:
         THREADS_PER_SM.get(call.arch, 1536) // plan.threads,
     )
     if plan.hold == "shared":
-        blocks = min(blocks, call.smem_budget // smem_bytes(call.n, call.dtype))
+        blocks = min(blocks, call.smem_budget // plan_smem_bytes(plan, call.dtype))
     return dataclasses.replace(plan, blocks_per_sm=max(blocks, 1))
+
+
+def plan_smem_bytes(plan: RowPlan, dtype: torch.dtype) -> int:
+    """Shared memory a block of a shared-memory plan needs: its slice and the reductions'."""
+    return plan.slice * ITEMSIZE[dtype] + REDUCE_SCRATCH_BYTES
 
 
 def smem_bytes(n: int, dtype: torch.dtype) -> int:
     """Shared memory a smem_row block needs for a row of n elements."""
-    return long_row_plan(n, dtype, "shared").padded * ITEMSIZE[dtype] + REDUCE_SCRATCH_BYTES
+    return plan_smem_bytes(long_row_plan(n, dtype, "shared"), dtype)
 
 
 class RowKernel(Kernel):
@@ -166,6 +204,8 @@ class RowKernel(Kernel):
             plan = warp_rows_plan(call.n, call.dtype)
         elif cls.layout == "block_row":
             plan = block_row_plan(call.n, call.dtype)
+        elif cls.layout == "cluster_row":
+            plan = cluster_row_plan(call.n, call.dtype, call.smem_budget)
         else:
             hold = "shared" if cls.layout == "smem_row" else "none"
             plan = long_row_plan(call.n, call.dtype, hold)
@@ -186,7 +226,7 @@ class RowKernel(Kernel):
         def build() -> RowKernel:
             program = cls.program(plan, call)
             name = f"{cls.__name__}{identity}"
-            return cls(build_program(name, program, call.arch))
+            return cls(build_program(name, program, call.arch), plan)
 
         return identity, build
 
@@ -194,8 +234,16 @@ class RowKernel(Kernel):
     def program(cls, plan: RowPlan, call: Any) -> Any:
         raise NotImplementedError
 
-    def __init__(self, compiled: Any) -> None:
+    def __init__(self, compiled: Any, plan: RowPlan) -> None:
         self.compiled = compiled
+        self.cluster = plan.cluster
+
+    def workspace(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The cluster's exchange of partial statistics, (rows, cluster, 2) float32; none
+        without a cluster."""
+        if self.cluster == 1:
+            return ()
+        return (torch.empty((x.shape[0], self.cluster, 2), dtype=torch.float32, device=x.device),)
 
 
 # -- regions: each layout's declarations, shared by every family --------------------------------
@@ -225,7 +273,10 @@ class SmemRow:
     """Long rows that fit the block's shared memory: read once, kept there for the output."""
 
     layout: ClassVar[str] = "smem_row"
-    preferred_over: ClassVar[frozenset[str]] = frozenset({"tilelang_stream_row"})  # one read
+    # One read over stream_row's two; over cluster_row until it is measured (module docstring).
+    preferred_over: ClassVar[frozenset[str]] = frozenset(
+        {"tilelang_stream_row", "tilelang_cluster_row"}
+    )
 
     @classmethod
     def region_refusal(cls, call: Any) -> str | None:
@@ -236,10 +287,30 @@ class StreamRow:
     """Any long row: statistics in a streaming pass, then the output pass (x read twice)."""
 
     layout: ClassVar[str] = "stream_row"
+    preferred_over: ClassVar[frozenset[str]] = frozenset({"tilelang_cluster_row"})  # until measured
 
     @classmethod
     def region_refusal(cls, call: Any) -> str | None:
         return long_row_refusal(call, cls.layout)
+
+
+class ClusterRow:
+    """Long rows on sm_90: a cluster of blocks per row, each keeping its slice in shared memory
+    (read once); partial statistics meet in a global workspace across a cluster barrier."""
+
+    layout: ClassVar[str] = "cluster_row"
+    supported_archs: ClassVar[frozenset[int]] = frozenset({90})
+
+    @classmethod
+    def region_refusal(cls, call: Any) -> str | None:
+        refusal = long_row_refusal(call, cls.layout)
+        if refusal or cluster_row_plan(call.n, call.dtype, call.smem_budget) is not None:
+            return refusal
+        return (
+            f"a row of n={call.n} {DTYPE_NAMES[call.dtype]} split over {CLUSTER_SIZES[-1]} "
+            f"blocks needs more than this device's {call.smem_budget} bytes of shared memory "
+            "per block; stream_row serves it"
+        )
 
 
 def long_row_refusal(call: Any, layout: str) -> str | None:

@@ -16,6 +16,7 @@ from tileops.ops import SoftmaxInterface
 from .rows import (
     DTYPE_NAMES,
     BlockRow,
+    ClusterRow,
     RowKernel,
     RowPlan,
     SmemRow,
@@ -31,7 +32,7 @@ class _Softmax(RowKernel, SoftmaxInterface):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.empty_like(x)
-        self.compiled(x, y)
+        self.compiled(x, *self.workspace(x), y)
         return y
 
 
@@ -51,11 +52,17 @@ class SoftmaxStreamRow(StreamRow, _Softmax):
     """Any long row: running max and rescaled sum in one streaming pass, then the output."""
 
 
+class SoftmaxClusterRow(ClusterRow, _Softmax):
+    """Long rows on sm_90: a slice per block of a cluster, the slices' (max, sum) merged."""
+
+
 # -- TileLang programs -----------------------------------------------------------------------
 
 
 def softmax_program(plan: RowPlan, call: Any) -> Any:
-    """The prim_func of softmax over rows of `call.n` elements with `plan`; rows symbolic."""
+    """The prim_func of softmax over rows of `call.n` elements with `plan`; rows symbolic.
+    With a cluster, each block's (max, sum of exp(x - max)) over its slice meets the others'
+    in S[row, part] across a cluster barrier."""
     import tilelang.language as T
 
     from . import tiles
@@ -63,25 +70,28 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
     n, dtype = call.n, DTYPE_NAMES[call.dtype]
     lanes, vec = plan.lanes, plan.vec
     exact = plan.padded == n
+    cluster, size = plan.cluster, plan.slice
     online = plan.hold == "none"  # one pass for max and sum: rescale the sum as the max grows
     ninf = tiles.NEG_INF
     m = T.dynamic("m")
 
     @T.macro
-    def body(X, Y):
-        with T.Kernel(T.ceildiv(m, plan.rows), threads=plan.threads) as bx:
+    def body(X, S, Y):
+        with tiles.launch(plan, m) as bx:
             T.annotate_min_blocks_per_sm(plan.blocks_per_sm)
             tx = T.get_thread_binding()
             lane = tx % lanes
-            row = bx * plan.rows + tx // lanes
+            row = (bx // cluster) * plan.rows + tx // lanes
+            part = bx % cluster
+            base = part * size  # where this block's slice starts (0 without a cluster)
             store = tiles.row_store(plan, dtype)
             scratch = T.alloc_shared((2, tiles.warps(plan)), "float32")
             t = T.alloc_local((vec,), "float32")
             top = T.alloc_var("float32", init=ninf)
             total = T.alloc_var("float32", init=0.0)
             for k in tiles.chunk_loop(plan):
-                if row < m and (exact or (k * lanes + lane) * vec < n):
-                    tiles.load(X, store, plan, row, lane, k, t)
+                if row < m and (exact or base + (k * lanes + lane) * vec < n):
+                    tiles.load(X, store, plan, row, lane, k, t, base)
                     for v in T.unroll(vec):
                         if online:
                             grown = T.max(top, t[v])
@@ -94,21 +104,45 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
                 total = total * tiles.exp_gap(top, row_max)
             else:
                 for k in tiles.chunk_loop(plan):
-                    if row < m and (exact or (k * lanes + lane) * vec < n):
-                        tiles.reload(X, store, plan, row, lane, k, t)
+                    if row < m and (exact or base + (k * lanes + lane) * vec < n):
+                        tiles.reload(X, store, plan, row, lane, k, t, base)
                         for v in T.unroll(vec):
-                            total += tiles.exp_from(t[v], row_max)
-            scale = 1.0 / tiles.reduce_group(total, "sum", plan, scratch, 1, lane)
+                            if cluster > 1:  # a slice of only -inf adds 0, not NaN
+                                total += tiles.exp_gap(t[v], row_max)
+                            else:
+                                total += tiles.exp_from(t[v], row_max)
+            peak = T.alloc_var("float32", init=ninf)  # the max the output subtracts
+            scale = T.alloc_var("float32", init=0.0)
+            peak = row_max
+            scale = tiles.reduce_group(total, "sum", plan, scratch, 1, lane)
+            if cluster > 1:  # the slices' sums, each rescaled to the row's max
+                if tx == 0:
+                    S[row, part, 0] = peak
+                    S[row, part, 1] = scale
+                T.cluster_sync()
+                peak = S[row, 0, 0]
+                for p in T.unroll(1, cluster):
+                    peak = T.max(peak, S[row, p, 0])
+                scale = 0.0
+                for p in T.unroll(cluster):
+                    scale += S[row, p, 1] * tiles.exp_gap(S[row, p, 0], peak)
+            scale = 1.0 / scale
             for k in tiles.chunk_loop(plan):
-                col = (k * lanes + lane) * vec
+                col = base + (k * lanes + lane) * vec
                 if row < m and (exact or col < n):
-                    tiles.reload(X, store, plan, row, lane, k, t)
+                    tiles.reload(X, store, plan, row, lane, k, t, base)
                     for v in T.vectorized(vec):
-                        Y[row, col + v] = tiles.exp_from(t[v], row_max) * scale
+                        Y[row, col + v] = tiles.exp_from(t[v], peak) * scale
 
     rows = (m, n)
+    if cluster > 1:
+
+        def main(X, S, Y):
+            body(X, S, Y)
+
+        return tiles.prim_func(main, dtype, {"S": "float32"}, X=rows, S=(m, cluster, 2), Y=rows)
 
     def main(X, Y):
-        body(X, Y)
+        body(X, None, Y)
 
     return tiles.prim_func(main, dtype, X=rows, Y=rows)

@@ -65,16 +65,25 @@ def row_store(plan: RowPlan, dtype: str):
     if plan.hold == "registers":
         return T.alloc_local((plan.chunks * plan.vec,), "float32")
     if plan.hold == "shared":
-        return T.alloc_shared((plan.padded,), dtype)
+        return T.alloc_shared((plan.slice,), dtype)
     return None
 
 
+def launch(plan: RowPlan, m):
+    """The kernel over m rows: one block per plan.rows rows, times the cluster's blocks."""
+    grid = T.ceildiv(m, plan.rows) * plan.cluster
+    if plan.cluster == 1:
+        return T.Kernel(grid, threads=plan.threads)
+    return T.Kernel(grid, threads=plan.threads, cluster_dims=plan.cluster)
+
+
 @T.macro
-def load(X, store, plan: RowPlan, row, lane, k, t):
-    """First pass: the lane's k-th vector of `row` into float32 `t`, kept in `store`."""
-    col = (k * plan.lanes + lane) * plan.vec
+def load(X, store, plan: RowPlan, row, lane, k, t, base=0):
+    """First pass: the lane's k-th vector of `row` into float32 `t`, kept in `store`; `base`:
+    where the block's slice starts in the row (cluster_row)."""
+    at = (k * plan.lanes + lane) * plan.vec
+    col = base + at
     if plan.hold == "shared":
-        at = (k * plan.lanes + lane) * plan.vec
         for v in T.vectorized(plan.vec):
             store[at + v] = X[row, col + v]
         for v in T.vectorized(plan.vec):
@@ -88,18 +97,18 @@ def load(X, store, plan: RowPlan, row, lane, k, t):
 
 
 @T.macro
-def reload(X, store, plan: RowPlan, row, lane, k, t):
+def reload(X, store, plan: RowPlan, row, lane, k, t, base=0):
     """Later passes: the same vector again, from where `load` kept it (or from X)."""
-    col = (k * plan.lanes + lane) * plan.vec
+    at = (k * plan.lanes + lane) * plan.vec
     if plan.hold == "registers":
         for v in T.vectorized(plan.vec):
             t[v] = store[k * plan.vec + v]
     elif plan.hold == "shared":
         for v in T.vectorized(plan.vec):
-            t[v] = store[col + v]
+            t[v] = store[at + v]
     else:
         for v in T.vectorized(plan.vec):
-            t[v] = X[row, col + v]
+            t[v] = X[row, base + at + v]
 
 
 def prim_func(fn, dtype: str, dtypes: dict[str, str] | None = None, **shapes):
