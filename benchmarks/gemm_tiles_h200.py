@@ -47,6 +47,8 @@ def candidates() -> list[Candidate]:
     hopper += [(256, 128, 64, 3, "FullCol"), (128, 192, 64, 4, "FullRow")]
     skinny = [(bn, bk, bps, tma) for bn in (64, 128) for bk in (64, 128) for bps in (1, 2, 4)
               for tma in (False, True)]  # fmt: skip
+    # One kernel, no split of k (no partials, no second launch): narrow columns fill the grid.
+    skinny += [(32, bk, 0.5, False) for bk in (64, 128)]
     return [Candidate("hopper", shape, h) for shape in SQUARE for h in hopper] + [
         Candidate("skinny", shape, k) for shape in SKINNY for k in skinny
     ]

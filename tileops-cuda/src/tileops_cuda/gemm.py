@@ -142,7 +142,7 @@ def skinny_plan(
     call: GemmCall,
     block_n: int = SKINNY_BLOCK_N,
     block_k: int = SKINNY_BLOCK_K,
-    blocks_per_sm: int = SKINNY_BLOCKS_PER_SM,
+    blocks_per_sm: float = SKINNY_BLOCKS_PER_SM,
 ) -> SkinnyPlan:
     """Row tile: m rounded up to a power of two, at least 16 (the mma's rows). Split k so that
     column tiles x splits reach `blocks_per_sm` blocks per multiprocessor, keeping at least
