@@ -179,7 +179,10 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
                 var = T.max(b - a * a, 0.0)
             else:  # the block's mean, then squared deviations from it: its slice's (sum, M2)
                 total = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
-                mean = total / T.max(held, 1)
+                if cluster > 1:
+                    mean = total / T.Cast("float32", T.max(held, 1))
+                else:
+                    mean = total / n
                 s2 = 0.0
                 for k in tiles.chunk_loop(plan):
                     if row < m and (exact or base + (k * lanes + lane) * vec < n):
