@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from batchnorm_gemm_h200 import bench, copy_gbps
 
 SQUARE = [(4096, 4096, 4096), (8192, 8192, 8192)]
 SKINNY = [(1, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096), (1, 8192, 8192), (64, 8192, 8192)]
@@ -93,18 +94,6 @@ def prebuild(candidate: Candidate) -> str:
         return ""
     except Exception as error:  # a candidate TileLang cannot lower is reported, not fatal
         return f"{type(error).__name__}: {str(error).splitlines()[0][:160]}"
-
-
-def bench(fn: Any, rounds: int) -> float:
-    from triton.testing import do_bench
-
-    return min(do_bench(fn, return_mode="median") for _ in range(rounds))
-
-
-def copy_gbps(nbytes: int, rounds: int) -> float:
-    src = torch.empty(nbytes // 2, dtype=torch.int16, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * nbytes / bench(lambda: dst.copy_(src), rounds) / 1e6
 
 
 def measure(
