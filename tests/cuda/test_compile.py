@@ -17,7 +17,7 @@ from tileops.testing import simulate_device
 REPRESENTATIVE = {
     "warp_rows": (1000, torch.bfloat16),
     "block_row": (16383, torch.float16),
-    "smem_row": (40000, torch.float32),
+    "smem_row": (32767, torch.float32),
     "stream_row": (262144, torch.bfloat16),
     "cluster_row": (262147, torch.float32),
 }

@@ -36,16 +36,20 @@ EXPECTED = [
     (1025, torch.bfloat16, 80, "tilelang_block_row"),
     (16384, torch.float32, 90, "tilelang_block_row"),
     (16385, torch.float32, 90, "tilelang_smem_row"),
-    (57000, torch.float32, 90, "tilelang_smem_row"),  # 228000 bytes of 232448
-    (58500, torch.float32, 90, "tilelang_stream_row"),  # 234000 bytes
-    (65536, torch.bfloat16, 90, "tilelang_smem_row"),  # 128 KB
+    (32768, torch.float32, 90, "tilelang_smem_row"),  # SMEM_ROW_OVER_CLUSTER_MAX
+    (32769, torch.float32, 90, "tilelang_cluster_row"),
+    (57000, torch.float32, 80, "tilelang_stream_row"),  # 228000 bytes of 166912
+    (57000, torch.float32, 90, "tilelang_cluster_row"),  # would fit smem_row: 228000 bytes
+    (65536, torch.bfloat16, 90, "tilelang_cluster_row"),
     (65536, torch.bfloat16, 80, "tilelang_smem_row"),
     (65536, torch.bfloat16, 86, "tilelang_stream_row"),  # 99 KB budget
     (81920, torch.float16, 80, "tilelang_smem_row"),  # 160 KB of 163 KB
     (90000, torch.float16, 80, "tilelang_stream_row"),
     (32768, torch.float32, 80, "tilelang_smem_row"),
-    (65536, torch.float32, 90, "tilelang_stream_row"),  # 256 KB
-    (262144, torch.bfloat16, 90, "tilelang_stream_row"),
+    (65536, torch.float32, 90, "tilelang_cluster_row"),  # 256 KB
+    (262144, torch.bfloat16, 90, "tilelang_cluster_row"),
+    (262144, torch.float32, 90, "tilelang_cluster_row"),  # 8 slices of 128 KB
+    (8 * 60000, torch.float32, 90, "tilelang_stream_row"),  # 8 slices of 240 KB
 ]
 
 
@@ -74,11 +78,11 @@ def test_every_length_is_served(name, arch):
 
 
 def test_declarations():
-    # Preferences only where regions overlap: smem_row inside stream_row's, and both over
-    # cluster_row (sm_90 only) until the H200 measures it.
+    # Preferences only where regions overlap: smem_row and cluster_row (sm_90 only) inside
+    # stream_row's, smem_row over cluster_row up to the length where it steps aside.
     preferred = {
         "smem_row": {"tilelang_stream_row", "tilelang_cluster_row"},
-        "stream_row": {"tilelang_cluster_row"},
+        "cluster_row": {"tilelang_stream_row"},
     }
     for op in ROW_OPS:
         for key, cls in tileops_cuda.KERNELS[op].items():
@@ -91,34 +95,41 @@ def test_declarations():
 
 
 @pytest.mark.parametrize(
-    "n,dtype,cluster,chunks",
+    "name,n,dtype,cluster,lanes,chunks",
     [
-        (16385, torch.bfloat16, 2, 17),  # odd: vectors of one element
-        (65536, torch.bfloat16, 2, 8),  # 64 KB slices
-        (65537, torch.bfloat16, 4, 33),
-        (262144, torch.bfloat16, 8, 8),
-        (65536, torch.float32, 4, 8),
-        (262144, torch.float32, 8, 16),  # 128 KB slices: over 64 KB, within the budget
+        ("RMSNormFwdOp", 16385, torch.bfloat16, 2, 512, 17),  # odd: vectors of one element
+        ("RMSNormFwdOp", 65536, torch.bfloat16, 2, 512, 8),  # 64 KB slices
+        ("RMSNormFwdOp", 65537, torch.bfloat16, 4, 512, 33),
+        ("RMSNormFwdOp", 262144, torch.bfloat16, 8, 512, 8),
+        ("RMSNormFwdOp", 65536, torch.float32, 4, 512, 8),
+        ("RMSNormFwdOp", 262144, torch.float32, 8, 1024, 8),  # 128 KB slices, one block per SM
+        ("LayerNormFwdOp", 262144, torch.bfloat16, 8, 256, 16),  # LayerNorm's 16-bit threads
+        ("LayerNormFwdOp", 65536, torch.float32, 4, 512, 8),
     ],
 )
-def test_cluster_row_slices(n, dtype, cluster, chunks):
-    """The smallest cluster whose slices fit 64 KB, else 8 blocks while the budget holds."""
+def test_cluster_row_slices(name, n, dtype, cluster, lanes, chunks):
+    """The smallest cluster whose slices fit 64 KB, else 8 blocks of 1024 threads while the
+    budget holds."""
+    cls = tileops_cuda.KERNELS[OPS[name]]["tilelang_cluster_row"]
     with simulate_device("cuda:0", arch=90, **DEVICES[90]):
-        plan = tileops_cuda.norms.RMSNormClusterRow.plan(make_call("RMSNormFwdOp", n, dtype))
-    assert (plan.cluster, plan.chunks, plan.lanes, plan.hold) == (cluster, chunks, 512, "shared")
+        plan = cls.plan(make_call(name, n, dtype))
+    assert (plan.cluster, plan.lanes, plan.chunks, plan.hold) == (cluster, lanes, chunks, "shared")
     assert plan.padded >= n > plan.padded - plan.cluster * plan.lanes * plan.vec
 
 
-def test_cluster_row_refuses_rows_no_cluster_holds_and_is_outranked():
+def test_cluster_row_refuses_rows_no_cluster_holds_and_yields_short_rows_to_smem_row():
     with simulate_device("cuda:0", arch=90, **DEVICES[90]):
         cls = tileops_cuda.softmax.SoftmaxClusterRow
         too_long = make_call("SoftmaxFwdOp", 8 * 60000, torch.float32)  # 240 KB slices
         assert "stream_row serves it" in cls.refusal(too_long)
         assert "fits in registers" in cls.refusal(make_call("SoftmaxFwdOp", 16384, torch.float32))
-        call = make_call("SoftmaxFwdOp", 262144, torch.bfloat16)
-        assert cls.refusal(call) is None
-        explanation = _op("SoftmaxFwdOp").explain(INTERFACE["SoftmaxFwdOp"], call)
+        short = make_call("SoftmaxFwdOp", 32768, torch.bfloat16)
+        assert cls.refusal(short) is None
+        explanation = _op("SoftmaxFwdOp").explain(INTERFACE["SoftmaxFwdOp"], short)
         assert explanation.verdict("tilelang_cluster_row") == "outranked"
+        long = make_call("SoftmaxFwdOp", 32769, torch.bfloat16)
+        smem_refusal = tileops_cuda.softmax.SoftmaxSmemRow.refusal(long)
+        assert "rows longer than 32768 elements go to cluster_row" in smem_refusal
 
 
 def test_cluster_row_workspace_holds_each_blocks_partials():

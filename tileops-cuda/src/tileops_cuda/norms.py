@@ -14,7 +14,9 @@ import torch
 from tileops.ops import LayerNormInterface, RMSNormInterface
 
 from .rows import (
+    CLUSTER_THREADS,
     DTYPE_NAMES,
+    ITEMSIZE,
     BlockRow,
     ClusterRow,
     RowKernel,
@@ -62,6 +64,12 @@ class LayerNormStreamRow(StreamRow, _LayerNorm):
 
 class LayerNormClusterRow(ClusterRow, _LayerNorm):
     """Long rows on sm_90: a slice per block of a cluster, (sum, M2) of the slices merged."""
+
+    @classmethod
+    def cluster_threads(cls, dtype: torch.dtype) -> int:
+        # 16-bit rows: 256 threads beat 512 by about 8 points of copy bandwidth at 64K-256K
+        # elements on the H200 (benchmarks/results/row_plans_nvidia_h200.md); float32: even.
+        return 256 if ITEMSIZE[dtype] == 2 else CLUSTER_THREADS
 
 
 # -- RMSNorm ---------------------------------------------------------------------------------

@@ -18,8 +18,13 @@ between its reduction and its output pass decides the layout:
 cluster_row splits a row over a thread-block cluster (sm_90): each block keeps a slice of at
 most CLUSTER_SLICE_BYTES in shared memory, so even 256K-element rows are read once and several
 blocks share a multiprocessor (one loads while another reduces). Blocks exchange their partial
-statistics through a small global workspace across a cluster barrier. It is not yet measured
-on a GPU: smem_row and stream_row are preferred over it until the H200 numbers say otherwise.
+statistics through a small global workspace across a cluster barrier.
+
+Where layouts overlap, the H200 decided (benchmarks/results/norms_nvidia_h200.md,
+row_plans_nvidia_h200.md): smem_row wins up to SMEM_ROW_OVER_CLUSTER_MAX elements (one block
+keeps the whole row and no cluster barrier waits), cluster_row beyond it (at 64K elements and
+more a lone smem_row block per SM stalls between its passes; cluster_row reached 70-90% of copy
+bandwidth where stream_row's second read held it near 62%), and both win over stream_row.
 """
 
 from __future__ import annotations
@@ -62,11 +67,16 @@ THREADS_PER_SM = {80: 2048, 86: 1536, 89: 1536, 90: 2048}
 REDUCE_SCRATCH_BYTES = 1024
 # Archs the kernels are compiled and checked for; nothing in them needs more than sm_80.
 AMPERE_AND_LATER = frozenset({80, 86, 89, 90})
+CLUSTER_ARCHS = frozenset({90})  # thread-block clusters: sm_90 and later
 # cluster_row: portable cluster sizes, threads per block, and the slice a block keeps (three
-# such blocks fit an sm_90 multiprocessor's shared memory).
+# such blocks fit an sm_90 multiprocessor's shared memory). A row too long for 8 such slices
+# takes larger ones, one block per SM, and then the most threads (best in the plan sweep).
 CLUSTER_SIZES = (2, 4, 8)
 CLUSTER_THREADS = 512
 CLUSTER_SLICE_BYTES = 64 * 1024
+CLUSTER_LONE_BLOCK_THREADS = MAX_THREADS
+# On devices with cluster_row, smem_row keeps rows up to this many elements (see above).
+SMEM_ROW_OVER_CLUSTER_MAX = 32768
 
 
 @dataclass(frozen=True)
@@ -137,18 +147,22 @@ def long_row_plan(n: int, dtype: torch.dtype, hold: str) -> RowPlan:
     return RowPlan(hold, 1, LONG_ROW_THREADS, vec, _ceil_div(n, LONG_ROW_THREADS * vec))
 
 
-def cluster_row_plan(n: int, dtype: torch.dtype, smem_budget: int) -> RowPlan | None:
-    """The smallest cluster whose slices fit CLUSTER_SLICE_BYTES, else the largest cluster if
-    its slices fit the budget; None when no cluster holds the row."""
+def cluster_row_plan(
+    n: int, dtype: torch.dtype, smem_budget: int, threads: int = CLUSTER_THREADS
+) -> RowPlan | None:
+    """The smallest cluster of `threads`-thread blocks whose slices fit CLUSTER_SLICE_BYTES,
+    else the largest cluster of CLUSTER_LONE_BLOCK_THREADS-thread blocks if its slices fit the
+    budget; None when no cluster holds the row."""
     vec = vector_width(n, dtype)
     for size in CLUSTER_SIZES:
-        chunks = _ceil_div(n, size * CLUSTER_THREADS * vec)
-        plan = RowPlan("shared", 1, CLUSTER_THREADS, vec, chunks, cluster=size)
-        if plan.slice * ITEMSIZE[dtype] <= CLUSTER_SLICE_BYTES or (
-            size == CLUSTER_SIZES[-1] and plan_smem_bytes(plan, dtype) <= smem_budget
-        ):
+        chunks = _ceil_div(n, size * threads * vec)
+        plan = RowPlan("shared", 1, threads, vec, chunks, cluster=size)
+        if plan.slice * ITEMSIZE[dtype] <= CLUSTER_SLICE_BYTES:
             return plan
-    return None
+    lanes = CLUSTER_LONE_BLOCK_THREADS
+    chunks = _ceil_div(n, CLUSTER_SIZES[-1] * lanes * vec)
+    plan = RowPlan("shared", 1, lanes, vec, chunks, cluster=CLUSTER_SIZES[-1])
+    return plan if plan_smem_bytes(plan, dtype) <= smem_budget else None
 
 
 def with_occupancy(plan: RowPlan, call: Any) -> RowPlan:
@@ -205,7 +219,9 @@ class RowKernel(Kernel):
         elif cls.layout == "block_row":
             plan = block_row_plan(call.n, call.dtype)
         elif cls.layout == "cluster_row":
-            plan = cluster_row_plan(call.n, call.dtype, call.smem_budget)
+            plan = cluster_row_plan(
+                call.n, call.dtype, call.smem_budget, cls.cluster_threads(call.dtype)
+            )
         else:
             hold = "shared" if cls.layout == "smem_row" else "none"
             plan = long_row_plan(call.n, call.dtype, hold)
@@ -273,7 +289,8 @@ class SmemRow:
     """Long rows that fit the block's shared memory: read once, kept there for the output."""
 
     layout: ClassVar[str] = "smem_row"
-    # One read over stream_row's two; over cluster_row until it is measured (module docstring).
+    # One read over stream_row's two; over cluster_row up to SMEM_ROW_OVER_CLUSTER_MAX, beyond
+    # which smem_row refuses where cluster_row serves (module docstring).
     preferred_over: ClassVar[frozenset[str]] = frozenset(
         {"tilelang_stream_row", "tilelang_cluster_row"}
     )
@@ -287,7 +304,6 @@ class StreamRow:
     """Any long row: statistics in a streaming pass, then the output pass (x read twice)."""
 
     layout: ClassVar[str] = "stream_row"
-    preferred_over: ClassVar[frozenset[str]] = frozenset({"tilelang_cluster_row"})  # until measured
 
     @classmethod
     def region_refusal(cls, call: Any) -> str | None:
@@ -299,7 +315,13 @@ class ClusterRow:
     (read once); partial statistics meet in a global workspace across a cluster barrier."""
 
     layout: ClassVar[str] = "cluster_row"
-    supported_archs: ClassVar[frozenset[int]] = frozenset({90})
+    supported_archs: ClassVar[frozenset[int]] = CLUSTER_ARCHS
+    preferred_over: ClassVar[frozenset[str]] = frozenset({"tilelang_stream_row"})  # one read
+
+    @classmethod
+    def cluster_threads(cls, dtype: torch.dtype) -> int:
+        """Threads per block while slices fit CLUSTER_SLICE_BYTES; a family may differ."""
+        return CLUSTER_THREADS
 
     @classmethod
     def region_refusal(cls, call: Any) -> str | None:
@@ -332,6 +354,11 @@ def smem_row_refusal(call: Any) -> str | None:
         return (
             f"a row of n={call.n} {DTYPE_NAMES[call.dtype]} needs {need} bytes of shared memory, "
             f"over this device's {call.smem_budget} per block; stream_row serves it"
+        )
+    if call.arch in CLUSTER_ARCHS and call.n > SMEM_ROW_OVER_CLUSTER_MAX:
+        return (
+            f"on sm_{call.arch} rows longer than {SMEM_ROW_OVER_CLUSTER_MAX} elements go to "
+            f"cluster_row (measured faster there); n={call.n}"
         )
     return None
 

@@ -33,7 +33,13 @@ H200 = "NVIDIA H200"
 """The board `FasterRegion`s were measured on; on any other board Triton defers everywhere."""
 
 CUDA_ROW_KEYS = frozenset(
-    {"tilelang_warp_rows", "tilelang_block_row", "tilelang_smem_row", "tilelang_stream_row"}
+    {
+        "tilelang_warp_rows",
+        "tilelang_block_row",
+        "tilelang_smem_row",
+        "tilelang_stream_row",
+        "tilelang_cluster_row",
+    }
 )
 """tileops-cuda's keys for LayerNormFwdOp, RMSNormFwdOp and SoftmaxFwdOp."""
 

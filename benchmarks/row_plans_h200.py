@@ -1,0 +1,147 @@
+"""cluster_row plan sweep on one GPU: threads per block and slice size of tileops-cuda's
+cluster_row kernels at long rows, against a same-run copy of the op's bytes.
+
+`CLUSTER_THREADS` and `CLUSTER_SLICE_BYTES` in `tileops_cuda.rows` are read off this table:
+each candidate splits the row over the cluster whose blocks keep at most `slice` bytes
+(clusters of 2, 4 or 8 blocks, the portable sizes), at the occupancy `with_occupancy` gives it.
+
+    python benchmarks/row_plans_h200.py [--ops ...] [--dtypes bfloat16,float32]
+        [--sizes 65536,131072,262144] [--workers 14] [--out DIR]
+
+Writes `<out>/row_plans_<device>.md`. Candidates that fail to build are listed with the error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import multiprocessing
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from batchnorm_gemm_h200 import bench
+from norms_h200 import DTYPES, ELEMENTS, _op_setup
+
+THREADS = (256, 512, 1024)
+SLICE_BYTES = (32 * 1024, 64 * 1024, 128 * 1024)
+
+
+def plans(call: Any) -> list[Any]:
+    """Every (threads, slice) candidate that splits the row over a portable cluster."""
+    import dataclasses
+
+    from tileops_cuda import rows
+
+    found = {}
+    for threads in THREADS:
+        for slice_bytes in SLICE_BYTES:
+            patched = {"CLUSTER_THREADS": threads, "CLUSTER_SLICE_BYTES": slice_bytes}
+            saved = {name: getattr(rows, name) for name in patched}
+            vars(rows).update(patched)
+            try:
+                plan = rows.cluster_row_plan(call.n, call.dtype, call.smem_budget)
+            finally:
+                vars(rows).update(saved)
+            fits = plan and plan.slice * rows.ITEMSIZE[call.dtype] <= slice_bytes
+            if fits:
+                plan = rows.with_occupancy(plan, call)
+                found[dataclasses.replace(plan, blocks_per_sm=1)] = plan
+    return list(found.values())
+
+
+def build(op: str, call: Any, plan: Any) -> Any:
+    import tileops_cuda
+    from tileops.ops import LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
+    from tileops_cuda.compile import build_program
+
+    op_cls = {"layer_norm": LayerNormFwdOp, "rms_norm": RMSNormFwdOp, "softmax": SoftmaxFwdOp}[op]
+    cls = tileops_cuda.KERNELS[op_cls]["tilelang_cluster_row"]
+    name = f"sweep/{cls.__name__}/{call.n}/{plan}"
+    return cls(build_program(name, cls.program(plan, call), call.arch), plan)
+
+
+def jobs(ops: list[str], dtypes: list[str], sizes: list[int]) -> list[tuple[str, str, int]]:
+    return [(op, dtype, n) for dtype in dtypes for op in ops for n in sizes]
+
+
+def _setup(job: tuple[str, str, int], rows_: int) -> tuple[Any, tuple, Any, Any]:
+    op, dtype, n = job
+    x = torch.randn(rows_, n, device="cuda", dtype=DTYPES[dtype])
+    _, args, eager, _, call = _op_setup(op, x)
+    return args, eager, call, x
+
+
+def prebuild(job: tuple[str, str, int]) -> list[str]:
+    """Compile every candidate of one case (in a worker: fills the disk cache); errors by plan."""
+    args, _, call, _ = _setup(job, 1)
+    errors = []
+    for plan in plans(call):
+        try:
+            build(job[0], call, plan)
+        except Exception as error:  # a plan TileLang cannot lower is reported, not fatal
+            errors.append(f"{plan}: {type(error).__name__}: {str(error).splitlines()[0][:160]}")
+    return errors
+
+
+def measure(job: tuple[str, str, int], rounds: int) -> list[str]:
+    op, dtype, n = job
+    args, eager, call, x = _setup(job, ELEMENTS // n)
+    nbytes = (2 * x.numel() + sum(a.numel() for a in args[1:])) * x.element_size()
+    src = torch.empty(nbytes // 2, device="cuda", dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    copy = bench(lambda: dst.copy_(src), rounds)
+    want = eager(*args).float()
+    lines = [f"\n## {op} {dtype} N={n}\n",
+             "| threads | cluster | slice KB | blocks/SM | % copy | rel. error |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for plan in plans(call):
+        try:
+            kernel = build(op, call, plan)
+        except Exception as error:
+            lines.append(f"| {plan.lanes} | {plan.cluster} | build failed: {error} | | | |")
+            continue
+        error = ((kernel(*args).float() - want).norm() / want.norm()).item()
+        ms = bench(lambda kernel=kernel: kernel(*args), rounds)
+        kb = plan.slice * x.element_size() / 1024
+        lines.append(f"| {plan.lanes} | {plan.cluster} | {kb:.0f} | {plan.blocks_per_sm} | "
+                     f"{100 * copy / ms:.1f} | {error:.1e} |")  # fmt: skip
+        print(job, lines[-1], flush=True)
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", default="layer_norm,rms_norm,softmax")
+    parser.add_argument("--dtypes", default="bfloat16,float32")
+    parser.add_argument("--sizes", default="65536,131072,262144")
+    parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 14))
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+    todo = jobs(
+        args.ops.split(","), args.dtypes.split(","), [int(s) for s in args.sizes.split(",")]
+    )
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(args.workers, mp_context=context) as pool:
+        for errors in pool.map(prebuild, todo):
+            print(*errors, sep="\n")
+    device = torch.cuda.get_device_name()
+    lines = [f"# cluster_row plan sweep on {device}\n",
+             f"{datetime.date.today()}, commit {os.environ.get('GIT_COMMIT', '?')}, torch "
+             f"{torch.__version__}; M*N = 2^26, medians of do_bench (L2 cleared), best of "
+             f"{args.rounds}; % of a same-run copy of the op's bytes."]  # fmt: skip
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"row_plans_{device.replace(' ', '_').lower()}.md"
+    for job in todo:
+        lines += measure(job, args.rounds)
+        path.write_text("\n".join(lines) + "\n")  # after every case: a cut-off run keeps its rows
+        torch.cuda.empty_cache()
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
