@@ -1,12 +1,13 @@
-"""cluster_row plan sweep on one GPU: threads per block and slice size of tileops-cuda's
-cluster_row kernels at long rows, against a same-run copy of the op's bytes.
+"""Row plan sweep on one GPU: threads per block (and, for cluster_row, slice size) of
+tileops-cuda's row kernels, against a same-run copy of the op's bytes.
 
-`CLUSTER_THREADS` and `CLUSTER_SLICE_BYTES` in `tileops_cuda.rows` are read off this table:
-each candidate splits the row over the cluster whose blocks keep at most `slice` bytes
-(clusters of 2, 4 or 8 blocks, the portable sizes), at the occupancy `with_occupancy` gives it.
+The plan constants in `tileops_cuda.rows` are read off this table. cluster_row candidates split
+the row over the cluster whose blocks keep at most `slice` bytes (clusters of 2, 4 or 8 blocks,
+the portable sizes); block_row and smem_row candidates give the row 128 to 1024 threads. Every
+candidate runs at the occupancy `with_occupancy` gives it.
 
-    python benchmarks/row_plans_h200.py [--ops ...] [--dtypes bfloat16,float32]
-        [--sizes 65536,131072,262144] [--workers 14] [--out DIR]
+    python benchmarks/row_plans_h200.py [--layouts cluster_row,block_row,smem_row] [--ops ...]
+        [--dtypes bfloat16,float32] [--sizes 65536,131072,262144] [--workers 14] [--out DIR]
 
 Writes `<out>/row_plans_<device>.md`. Candidates that fail to build are listed with the error.
 """
@@ -27,9 +28,27 @@ from norms_h200 import DTYPES, ELEMENTS, _op_setup
 
 THREADS = (256, 512, 1024)
 SLICE_BYTES = (32 * 1024, 64 * 1024, 128 * 1024)
+BLOCK_THREADS = (128, 256, 512, 1024)
+REGISTER_VALUES_MAX = 64  # block_row candidates keep at most this many values per thread
 
 
-def plans(call: Any) -> list[Any]:
+def plans(layout: str, call: Any) -> list[Any]:
+    """The candidate plans of `layout` for `call`."""
+    from tileops_cuda import rows
+
+    if layout == "cluster_row":
+        return cluster_plans(call)
+    hold = "registers" if layout == "block_row" else "shared"
+    vec = rows.vector_width(call.n, call.dtype)
+    found = []
+    for lanes in BLOCK_THREADS:
+        chunks = -(-call.n // (lanes * vec))
+        if hold == "shared" or chunks * vec <= REGISTER_VALUES_MAX:
+            found.append(rows.with_occupancy(rows.RowPlan(hold, 1, lanes, vec, chunks), call))
+    return found
+
+
+def cluster_plans(call: Any) -> list[Any]:
     """Every (threads, slice) candidate that splits the row over a portable cluster."""
     import dataclasses
 
@@ -52,54 +71,53 @@ def plans(call: Any) -> list[Any]:
     return list(found.values())
 
 
-def build(op: str, call: Any, plan: Any) -> Any:
+def build(layout: str, op: str, call: Any, plan: Any) -> Any:
     import tileops_cuda
     from tileops.ops import LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
     from tileops_cuda.compile import build_program
 
     op_cls = {"layer_norm": LayerNormFwdOp, "rms_norm": RMSNormFwdOp, "softmax": SoftmaxFwdOp}[op]
-    cls = tileops_cuda.KERNELS[op_cls]["tilelang_cluster_row"]
+    cls = tileops_cuda.KERNELS[op_cls][f"tilelang_{layout}"]
     name = f"sweep/{cls.__name__}/{call.n}/{plan}"
     return cls(build_program(name, cls.program(plan, call), call.arch), plan)
 
 
-def jobs(ops: list[str], dtypes: list[str], sizes: list[int]) -> list[tuple[str, str, int]]:
-    return [(op, dtype, n) for dtype in dtypes for op in ops for n in sizes]
+Job = tuple[str, str, str, int]  # layout, op, dtype, n
 
 
-def _setup(job: tuple[str, str, int], rows_: int) -> tuple[Any, tuple, Any, Any]:
-    op, dtype, n = job
+def _setup(job: Job, rows_: int) -> tuple[Any, tuple, Any, Any]:
+    _, op, dtype, n = job
     x = torch.randn(rows_, n, device="cuda", dtype=DTYPES[dtype])
     _, args, eager, _, call = _op_setup(op, x)
     return args, eager, call, x
 
 
-def prebuild(job: tuple[str, str, int]) -> list[str]:
+def prebuild(job: Job) -> list[str]:
     """Compile every candidate of one case (in a worker: fills the disk cache); errors by plan."""
     args, _, call, _ = _setup(job, 1)
     errors = []
-    for plan in plans(call):
+    for plan in plans(job[0], call):
         try:
-            build(job[0], call, plan)
+            build(*job[:2], call, plan)
         except Exception as error:  # a plan TileLang cannot lower is reported, not fatal
             errors.append(f"{plan}: {type(error).__name__}: {str(error).splitlines()[0][:160]}")
     return errors
 
 
-def measure(job: tuple[str, str, int], rounds: int) -> list[str]:
-    op, dtype, n = job
+def measure(job: Job, rounds: int) -> list[str]:
+    layout, op, dtype, n = job
     args, eager, call, x = _setup(job, ELEMENTS // n)
     nbytes = (2 * x.numel() + sum(a.numel() for a in args[1:])) * x.element_size()
     src = torch.empty(nbytes // 2, device="cuda", dtype=torch.uint8)
     dst = torch.empty_like(src)
     copy = bench(lambda: dst.copy_(src), rounds)
     want = eager(*args).float()
-    lines = [f"\n## {op} {dtype} N={n}\n",
+    lines = [f"\n## {layout}: {op} {dtype} N={n}\n",
              "| threads | cluster | slice KB | blocks/SM | % copy | rel. error |",
              "|---|---|---|---|---|---|"]  # fmt: skip
-    for plan in plans(call):
+    for plan in plans(layout, call):
         try:
-            kernel = build(op, call, plan)
+            kernel = build(layout, op, call, plan)
         except Exception as error:
             lines.append(f"| {plan.lanes} | {plan.cluster} | build failed: {error} | | | |")
             continue
@@ -114,6 +132,7 @@ def measure(job: tuple[str, str, int], rounds: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layouts", default="cluster_row")
     parser.add_argument("--ops", default="layer_norm,rms_norm,softmax")
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--sizes", default="65536,131072,262144")
@@ -121,15 +140,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
-    todo = jobs(
-        args.ops.split(","), args.dtypes.split(","), [int(s) for s in args.sizes.split(",")]
-    )
+    sizes = [int(size) for size in args.sizes.split(",")]
+    layouts, ops, dtypes = args.layouts.split(","), args.ops.split(","), args.dtypes.split(",")
+    todo = [(lay, op, dt, n) for lay in layouts for dt in dtypes for op in ops for n in sizes]
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(args.workers, mp_context=context) as pool:
         for errors in pool.map(prebuild, todo):
             print(*errors, sep="\n")
     device = torch.cuda.get_device_name()
-    lines = [f"# cluster_row plan sweep on {device}\n",
+    lines = [f"# Row plan sweep on {device}\n",
              f"{datetime.date.today()}, commit {os.environ.get('GIT_COMMIT', '?')}, torch "
              f"{torch.__version__}; M*N = 2^26, medians of do_bench (L2 cleared), best of "
              f"{args.rounds}; % of a same-run copy of the op's bytes."]  # fmt: skip
