@@ -57,8 +57,17 @@ REGISTER_VALUES = 16
 # float32, four of 16-bit types): beyond that one block per row has more lanes to spread over.
 SHORT_ROW_MAX = WARP * 32
 REGISTER_ROW_MAX = MAX_THREADS * REGISTER_VALUES
+# block_row: a lane keeps up to 8 vectors (128 bytes of the row). At 16K 16-bit elements that
+# is 256 threads and two blocks per SM: 1024 threads of 16 values each left one block per SM,
+# idle between its passes (55-70% of copy against 94-97% in the H200 row_plans sweep).
+BLOCK_ROW_VECTORS = 8
 # Threads one long row gets (smem_row, stream_row).
 LONG_ROW_THREADS = 1024
+# smem_row: a row of at most 64 KB leaves room for three blocks per SM, and then 256 threads
+# each (16 vectors in flight) measured best; a longer row leaves one block per SM, which needs
+# all LONG_ROW_THREADS.
+SMALL_SMEM_ROW_BYTES = 64 * 1024
+SMALL_SMEM_ROW_THREADS = 256
 # Registers a lane needs beside the values it keeps: addresses, loop state, the reduction.
 REGISTER_OVERHEAD = 24
 REGISTER_FILE = 65536  # 32-bit registers per SM on sm_80 .. sm_90
@@ -135,16 +144,20 @@ def warp_rows_plan(n: int, dtype: torch.dtype) -> RowPlan:
 
 
 def block_row_plan(n: int, dtype: torch.dtype) -> RowPlan:
-    """The fewest threads (at least 4 warps) that keep at most REGISTER_VALUES values each."""
+    """The fewest threads (at least 4 warps) that keep at most BLOCK_ROW_VECTORS vectors each."""
     vec = vector_width(n, dtype)
-    lanes = min(MAX_THREADS, max(4 * WARP, _pow2_ceil(_ceil_div(n, REGISTER_VALUES))))
+    vectors = _ceil_div(n, vec)
+    lanes = min(MAX_THREADS, max(4 * WARP, _pow2_ceil(_ceil_div(vectors, BLOCK_ROW_VECTORS))))
     return RowPlan("registers", 1, lanes, vec, _ceil_div(n, lanes * vec))
 
 
 def long_row_plan(n: int, dtype: torch.dtype, hold: str) -> RowPlan:
-    """A whole block per long row: the most loads in flight for one SM's share of bandwidth."""
+    """A whole block per long row: the most loads in flight for one SM's share of bandwidth,
+    except small smem_row rows, whose blocks share an SM (SMALL_SMEM_ROW_BYTES)."""
     vec = vector_width(n, dtype)
-    return RowPlan(hold, 1, LONG_ROW_THREADS, vec, _ceil_div(n, LONG_ROW_THREADS * vec))
+    small = hold == "shared" and n * ITEMSIZE[dtype] <= SMALL_SMEM_ROW_BYTES
+    lanes = SMALL_SMEM_ROW_THREADS if small else LONG_ROW_THREADS
+    return RowPlan(hold, 1, lanes, vec, _ceil_div(n, lanes * vec))
 
 
 def cluster_row_plan(
