@@ -9,7 +9,8 @@ candidate runs at the occupancy `with_occupancy` gives it.
     python benchmarks/row_plans_h200.py [--layouts cluster_row,block_row,smem_row] [--ops ...]
         [--dtypes bfloat16,float32] [--sizes 65536,131072,262144] [--workers 14] [--out DIR]
 
-Writes `<out>/row_plans_<device>.md`. Candidates that fail to build are listed with the error.
+Writes `<out>/row_plans_<layouts>_<device>.md`; candidates that fail to build are listed with
+the error.
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ def main() -> None:
              f"{args.rounds}; % of a same-run copy of the op's bytes."]  # fmt: skip
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"row_plans_{device.replace(' ', '_').lower()}.md"
+    path = out / f"row_plans_{'_'.join(layouts)}_{device.replace(' ', '_').lower()}.md"
     for job in todo:
         lines += measure(job, args.rounds)
         path.write_text("\n".join(lines) + "\n")  # after every case: a cut-off run keeps its rows

@@ -99,8 +99,8 @@ def test_declarations():
     [
         ("block_row", 16384, torch.bfloat16, 256, 8),  # 8 vectors per lane, 2 blocks per SM
         ("block_row", 16384, torch.float32, 512, 8),
-        ("block_row", 8192, torch.bfloat16, 128, 8),
-        ("block_row", 2048, torch.bfloat16, 128, 2),  # never fewer than 4 warps
+        ("block_row", 8192, torch.bfloat16, 256, 4),  # never fewer than 8 warps
+        ("block_row", 2048, torch.bfloat16, 256, 1),
         ("block_row", 16383, torch.float16, 1024, 16),  # odd: 1-element vectors, 1024 lanes
         ("smem_row", 32768, torch.bfloat16, 256, 16),  # 64 KB: three blocks share an SM
         ("smem_row", 32768, torch.float32, 1024, 8),  # 128 KB: one block per SM

@@ -20,11 +20,12 @@ most CLUSTER_SLICE_BYTES in shared memory, so even 256K-element rows are read on
 blocks share a multiprocessor (one loads while another reduces). Blocks exchange their partial
 statistics through a small global workspace across a cluster barrier.
 
-Where layouts overlap, the H200 decided (benchmarks/results/norms_nvidia_h200.md,
-row_plans_nvidia_h200.md): smem_row wins up to SMEM_ROW_OVER_CLUSTER_MAX elements (one block
-keeps the whole row and no cluster barrier waits), cluster_row beyond it (at 64K elements and
-more a lone smem_row block per SM stalls between its passes; cluster_row reached 70-90% of copy
-bandwidth where stream_row's second read held it near 62%), and both win over stream_row.
+Where layouts overlap, the H200 decided (benchmarks/results/norms_nvidia_h200.md and the
+row_plans_*_nvidia_h200.md sweeps, which also set the plans' thread counts): smem_row wins up
+to SMEM_ROW_OVER_CLUSTER_MAX elements (one block keeps the whole row and no cluster barrier
+waits), cluster_row beyond it (at 64K elements and more a lone smem_row block per SM stalls
+between its passes; cluster_row reached 70-90% of copy bandwidth where stream_row's second
+read held it near 62%), and both win over stream_row.
 """
 
 from __future__ import annotations
@@ -57,10 +58,12 @@ REGISTER_VALUES = 16
 # float32, four of 16-bit types): beyond that one block per row has more lanes to spread over.
 SHORT_ROW_MAX = WARP * 32
 REGISTER_ROW_MAX = MAX_THREADS * REGISTER_VALUES
-# block_row: a lane keeps up to 8 vectors (128 bytes of the row). At 16K 16-bit elements that
-# is 256 threads and two blocks per SM: 1024 threads of 16 values each left one block per SM,
-# idle between its passes (55-70% of copy against 94-97% in the H200 row_plans sweep).
+# block_row: a lane keeps up to 8 vectors (128 bytes of the row), and a block has at least 8
+# warps. At 16K 16-bit elements that is 256 threads and two blocks per SM: 1024 threads of 16
+# values each left one block per SM, idle between its passes (55-70% of copy against 94-97% in
+# the H200 row_plans sweep); at 8K, 256 threads beat 128 and 512.
 BLOCK_ROW_VECTORS = 8
+BLOCK_ROW_MIN_THREADS = 8 * WARP
 # Threads one long row gets (smem_row, stream_row).
 LONG_ROW_THREADS = 1024
 # smem_row: a row of at most 64 KB leaves room for three blocks per SM, and then 256 threads
@@ -144,10 +147,11 @@ def warp_rows_plan(n: int, dtype: torch.dtype) -> RowPlan:
 
 
 def block_row_plan(n: int, dtype: torch.dtype) -> RowPlan:
-    """The fewest threads (at least 4 warps) that keep at most BLOCK_ROW_VECTORS vectors each."""
+    """The fewest threads (at least BLOCK_ROW_MIN_THREADS) that keep at most BLOCK_ROW_VECTORS
+    vectors each."""
     vec = vector_width(n, dtype)
-    vectors = _ceil_div(n, vec)
-    lanes = min(MAX_THREADS, max(4 * WARP, _pow2_ceil(_ceil_div(vectors, BLOCK_ROW_VECTORS))))
+    fewest = _pow2_ceil(_ceil_div(_ceil_div(n, vec), BLOCK_ROW_VECTORS))
+    lanes = min(MAX_THREADS, max(BLOCK_ROW_MIN_THREADS, fewest))
     return RowPlan("registers", 1, lanes, vec, _ceil_div(n, lanes * vec))
 
 

@@ -27,14 +27,14 @@ from .rows import RowPlan, row_plan
 LAYER_NORM_KEY = "triton"
 RMS_NORM_KEY = "triton"
 
-# Where Triton measured faster than the tileops-cuda kernel serving the call, on the H200:
-# benchmarks/norms_h200.py, 2026-11-29, bf16, 2**26 elements, % of copy bandwidth; TileLang
-# from a first run of that script, Triton from a second run with tileops-cuda disabled.
-# N=16K: LayerNorm 88.9 vs 54.5 (tilelang_block_row), RMSNorm 95.8 vs 69.8. Not faster at 1K
-# (LayerNorm 101.8 vs 100.1, RMSNorm 100.7 vs 100.6: a tie) nor 64K (66.4 vs 73.7, 68.0 vs 86.3
-# for tilelang_smem_row). The region is the rows Triton runs with the plan measured at 16K.
-LAYER_NORM_FASTER = (FasterRegion(torch.bfloat16, 8193, 16384),)
-RMS_NORM_FASTER = (FasterRegion(torch.bfloat16, 8193, 16384),)
+# Where Triton measured faster than the tileops-cuda kernel serving the call, on the H200, in
+# one run of benchmarks/norms_h200.py with both backends (results/norms_nvidia_h200.md, commit
+# 31aa0e5; bf16 and float32, 2**26 elements, % of copy bandwidth): nowhere. At 16K, where Triton
+# had led (88.9 vs 54.5), tilelang_block_row with 8 vectors per lane now leads: LayerNorm 95 vs
+# 87, RMSNorm 97 vs 75 (bf16); elsewhere Triton trails or ties. The regions stay, empty, for
+# the next measurement to fill.
+LAYER_NORM_FASTER: tuple[FasterRegion, ...] = ()
+RMS_NORM_FASTER: tuple[FasterRegion, ...] = ()
 
 
 class TritonLayerNorm(Kernel, LayerNormInterface):

@@ -15,15 +15,13 @@ from .rows import RowPlan, row_plan
 
 KEY = "triton"
 
-# Where Triton measured faster than the tileops-cuda kernel serving the call, on the H200:
-# benchmarks/norms_h200.py, 2026-11-29, bf16, 2**26 elements, % of copy bandwidth; TileLang
-# from a first run of that script, Triton from a second run with tileops-cuda disabled.
-# N=1K: 98.3 vs 72.9 (tilelang_warp_rows); 16K: 83.1 vs 55.8 (tilelang_block_row); between
-# them Triton ran at 96.8-97.6 (4K, 8K), at the ceiling. 64K: 64.0 vs 60.8, too close to claim.
-# Same run, both backends (results/norms_nvidia_h200.md, commit 1c13fac): bf16 N=256: 98 vs 92
-# (tilelang_warp_rows), so the region starts there; float32 N=16K: 94 vs 85 (tilelang_block_row),
-# but 8K: 91 vs 97, so float32 claims the rows Triton runs with the 16K plan only.
-FASTER = (FasterRegion(torch.bfloat16, 256, 16384), FasterRegion(torch.float32, 8193, 16384))
+# Where Triton measured faster than the tileops-cuda kernel serving the call, on the H200, in
+# one run of benchmarks/norms_h200.py with both backends (results/norms_nvidia_h200.md, commit
+# 31aa0e5; bf16 and float32, 2**26 elements, % of copy bandwidth): bf16 N=256: 97 vs 91
+# (tilelang_warp_rows). Not at 1K (98 vs 99) nor at 4K-16K (94/94/90 vs 98/99/98 for
+# tilelang_block_row once it kept 8 vectors per lane), nor float32 16K (93 vs 97). The region
+# ends below the 1K tie.
+FASTER = (FasterRegion(torch.bfloat16, 256, 512),)
 
 
 class TritonSoftmax(Kernel, SoftmaxInterface):
