@@ -343,7 +343,8 @@ class ClusterRow:
     @classmethod
     def region_refusal(cls, call: Any) -> str | None:
         refusal = long_row_refusal(call, cls.layout)
-        if refusal or cluster_row_plan(call.n, call.dtype, call.smem_budget) is not None:
+        threads = cls.cluster_threads(call.dtype)
+        if refusal or cluster_row_plan(call.n, call.dtype, call.smem_budget, threads):
             return refusal
         return (
             f"a row of n={call.n} {DTYPE_NAMES[call.dtype]} split over {CLUSTER_SIZES[-1]} "
