@@ -2,9 +2,9 @@
 tileops-cuda's row kernels, against a same-run copy of the op's bytes.
 
 The plan constants in `tileops_cuda.rows` are read off this table. cluster_row candidates split
-the row over the cluster whose blocks keep at most `slice` bytes (clusters of 2, 4 or 8 blocks,
-the portable sizes); block_row and smem_row candidates give the row 128 to 1024 threads. Every
-candidate runs at the occupancy `with_occupancy` gives it.
+the row over clusters of 2, 4, 8 or (beyond the portable sizes) 16 blocks of 256 to 1024
+threads, each block keeping a 16-128 KB slice; block_row and smem_row candidates give the row
+128 to 1024 threads. Every candidate runs at the occupancy `with_occupancy` gives it.
 
     python benchmarks/row_plans_h200.py [--layouts cluster_row,block_row,smem_row] [--ops ...]
         [--dtypes bfloat16,float32] [--sizes 65536,131072,262144] [--workers 14] [--out DIR]
@@ -28,7 +28,8 @@ from batchnorm_gemm_h200 import bench
 from norms_h200 import DTYPES, ELEMENTS, _op_setup
 
 THREADS = (256, 512, 1024)
-SLICE_BYTES = (32 * 1024, 64 * 1024, 128 * 1024)
+CLUSTER_SIZES = (2, 4, 8, 16)
+SLICE_BYTES_RANGE = (16 * 1024, 128 * 1024)
 BLOCK_THREADS = (128, 256, 512, 1024)
 REGISTER_VALUES_MAX = 64  # block_row candidates keep at most this many values per thread
 
@@ -50,26 +51,22 @@ def plans(layout: str, call: Any) -> list[Any]:
 
 
 def cluster_plans(call: Any) -> list[Any]:
-    """Every (threads, slice) candidate that splits the row over a portable cluster."""
-    import dataclasses
-
+    """Every (threads, cluster size) candidate whose slices hold SLICE_BYTES_RANGE bytes and fit
+    the budget; 16 blocks is a non-portable size, which TileLang's launcher allows and the
+    H200 runs."""
     from tileops_cuda import rows
 
-    found = {}
+    vec, itemsize = rows.vector_width(call.n, call.dtype), rows.ITEMSIZE[call.dtype]
+    low, high = SLICE_BYTES_RANGE
+    found = []
     for threads in THREADS:
-        for slice_bytes in SLICE_BYTES:
-            patched = {"CLUSTER_THREADS": threads, "CLUSTER_SLICE_BYTES": slice_bytes}
-            saved = {name: getattr(rows, name) for name in patched}
-            vars(rows).update(patched)
-            try:
-                plan = rows.cluster_row_plan(call.n, call.dtype, call.smem_budget)
-            finally:
-                vars(rows).update(saved)
-            fits = plan and plan.slice * rows.ITEMSIZE[call.dtype] <= slice_bytes
-            if fits:
-                plan = rows.with_occupancy(plan, call)
-                found[dataclasses.replace(plan, blocks_per_sm=1)] = plan
-    return list(found.values())
+        for size in CLUSTER_SIZES:
+            chunks = -(-call.n // (size * threads * vec))
+            plan = rows.RowPlan("shared", 1, threads, vec, chunks, cluster=size)
+            fits = rows.plan_smem_bytes(plan, call.dtype) <= call.smem_budget
+            if fits and low <= plan.slice * itemsize <= high:
+                found.append(rows.with_occupancy(plan, call))
+    return found
 
 
 def build(layout: str, op: str, call: Any, plan: Any) -> Any:
