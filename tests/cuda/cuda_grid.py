@@ -22,7 +22,7 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # vector width (odd lengths).
 LENGTHS = {
     "warp_rows": (1, 7, 100, 1024),
-    "block_row": (1025, 4096, 16384),
+    "block_row": (1025, 2048, 8192, 16384),
     "smem_row": (16385, 32768, 65536),  # 65536: smem_row on sm_80 only
     "stream_row": (65536, 262147),
     "cluster_row": (16385, 65536, 262147),
