@@ -4,7 +4,8 @@ tileops-cuda's row kernels, against a same-run copy of the op's bytes.
 The plan constants in `tileops_cuda.rows` are read off this table. cluster_row candidates split
 the row over clusters of 2, 4, 8 or (beyond the portable sizes) 16 blocks of 256 to 1024
 threads, each block keeping a 16-128 KB slice; block_row and smem_row candidates give the row
-128 to 1024 threads. Every candidate runs at the occupancy `with_occupancy` gives it.
+128 to 1024 threads. LayerNorm's shared-memory candidates also run with shifted one-pass
+statistics (`RowPlan.shifted`). Every candidate runs at the occupancy `with_occupancy` gives it.
 
     python benchmarks/row_plans_h200.py [--layouts cluster_row,block_row,smem_row] [--ops ...]
         [--dtypes bfloat16,float32] [--sizes 65536,131072,262144] [--workers 14] [--out DIR]
@@ -34,12 +35,22 @@ BLOCK_THREADS = (128, 256, 512, 1024)
 REGISTER_VALUES_MAX = 64  # block_row candidates keep at most this many values per thread
 
 
-def plans(layout: str, call: Any) -> list[Any]:
-    """The candidate plans of `layout` for `call`."""
+def plans(layout: str, op: str, call: Any) -> list[Any]:
+    """The candidate plans of `layout` for `call`; LayerNorm's shared-memory plans also with
+    shifted one-pass statistics."""
+    import dataclasses
+
+    found = cluster_plans(call) if layout == "cluster_row" else block_plans(layout, call)
+    if op == "layer_norm":
+        found += [dataclasses.replace(p, shifted=True) for p in found
+                  if p.hold == "shared" and p.vec > 1]  # fmt: skip
+    return found
+
+
+def block_plans(layout: str, call: Any) -> list[Any]:
+    """One block per row: 128 to 1024 threads."""
     from tileops_cuda import rows
 
-    if layout == "cluster_row":
-        return cluster_plans(call)
     hold = "registers" if layout == "block_row" else "shared"
     vec = rows.vector_width(call.n, call.dtype)
     found = []
@@ -52,8 +63,8 @@ def plans(layout: str, call: Any) -> list[Any]:
 
 def cluster_plans(call: Any) -> list[Any]:
     """Every (threads, cluster size) candidate whose slices hold SLICE_BYTES_RANGE bytes and fit
-    the budget; 16 blocks is a non-portable size, which TileLang's launcher allows and the
-    H200 runs."""
+    the budget; 16 blocks is a non-portable size, which TileLang's launcher allows (it sets the
+    kernel's non-portable cluster attribute)."""
     from tileops_cuda import rows
 
     vec, itemsize = rows.vector_width(call.n, call.dtype), rows.ITEMSIZE[call.dtype]
@@ -94,7 +105,7 @@ def prebuild(job: Job) -> list[str]:
     """Compile every candidate of one case (in a worker: fills the disk cache); errors by plan."""
     args, _, call, _ = _setup(job, 1)
     errors = []
-    for plan in plans(job[0], call):
+    for plan in plans(job[0], job[1], call):
         try:
             build(*job[:2], call, plan)
         except Exception as error:  # a plan TileLang cannot lower is reported, not fatal
@@ -111,19 +122,19 @@ def measure(job: Job, rounds: int) -> list[str]:
     copy = bench(lambda: dst.copy_(src), rounds)
     want = eager(*args).float()
     lines = [f"\n## {layout}: {op} {dtype} N={n}\n",
-             "| threads | cluster | slice KB | blocks/SM | % copy | rel. error |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
-    for plan in plans(layout, call):
+             "| threads | cluster | slice KB | blocks/SM | shifted | % copy | rel. error |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for plan in plans(layout, op, call):
         try:
             kernel = build(layout, op, call, plan)
         except Exception as error:
-            lines.append(f"| {plan.lanes} | {plan.cluster} | build failed: {error} | | | |")
+            lines.append(f"| {plan.lanes} | {plan.cluster} | build failed: {error} | | | | |")
             continue
         error = ((kernel(*args).float() - want).norm() / want.norm()).item()
         ms = bench(lambda kernel=kernel: kernel(*args), rounds)
         kb = plan.slice * x.element_size() / 1024
         lines.append(f"| {plan.lanes} | {plan.cluster} | {kb:.0f} | {plan.blocks_per_sm} | "
-                     f"{100 * copy / ms:.1f} | {error:.1e} |")  # fmt: skip
+                     f"{plan.shifted} | {100 * copy / ms:.1f} | {error:.1e} |")  # fmt: skip
         print(job, lines[-1], flush=True)
     return lines
 

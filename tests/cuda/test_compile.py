@@ -11,6 +11,7 @@ import torch
 from cuda_grid import ROW_OPS, make_call
 
 import tileops_cuda
+from tileops.ops import LayerNormFwdOp
 from tileops.testing import simulate_device
 
 # One call per region (the longest row of each, odd lengths where the region allows them).
@@ -90,3 +91,24 @@ def test_streamed_layer_norm_lengths_tilelang_once_rejected_compile(n, dtype, ti
         assert cls.refusal(call) is None
         kernel = cls.entry_for(call)[1]()
     assert "__global__" in kernel.compiled.get_kernel_source()
+
+
+@pytest.mark.parametrize("layout,n", [("smem_row", 32768), ("cluster_row", 131072)])
+def test_layer_norm_shifted_statistics_compile(layout, n, tilelang_cache):
+    """RowPlan.shifted (the plan sweep's option) drops the pass over shared memory between the
+    mean and the variance: two walks over the row (load, output) instead of three."""
+    import dataclasses
+
+    from tileops_cuda.compile import build_program
+
+    cls = tileops_cuda.KERNELS[LayerNormFwdOp][f"tilelang_{layout}"]
+    call = make_call("LayerNormFwdOp", n, torch.bfloat16)
+    with simulate_device("cuda:0", arch=90, sm_count=132, smem_budget=SMEM_BUDGET[90]):
+        plan = cls.plan(call)
+    walks = {}
+    for shifted in (False, True):
+        variant = dataclasses.replace(plan, shifted=shifted)
+        program = cls.program(variant, call)
+        source = build_program(f"test/{layout}/{variant}", program, 90).get_kernel_source()
+        walks[shifted] = source.count("for (int k")
+    assert walks == {False: 3, True: 2}

@@ -9,6 +9,7 @@ import pytest
 import torch
 from cuda_grid import kernel_cases, make_call
 
+import tileops_cuda
 from tileops.ops import LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
 from tileops.ops.norm.layer_norm import LayerNormReference
 from tileops.ops.norm.rms_norm import RMSNormReference
@@ -120,3 +121,21 @@ def test_mixed_precision_ops_match_torch(op_cls, n):
     call = op.call_for(x, *params)
     assert op.key_for(op.interface_name, call).startswith("tilelang_")
     assert _rel_err(got, want) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("key,n", [("tilelang_smem_row", 32768), ("tilelang_cluster_row", 131072)])
+@pytest.mark.parametrize("dtype,offset", [(torch.bfloat16, 1.0), (torch.float32, 1000.0)])
+def test_layer_norm_shifted_statistics(key, n, dtype, offset):
+    """The plan sweep's one-pass option: sums shifted by the row's first element, far from zero
+    too (rows around 1000 in float32, where unshifted sums would cancel)."""
+    import dataclasses
+
+    from tileops_cuda.compile import build_program
+
+    cls = tileops_cuda.KERNELS[LayerNormFwdOp][key]
+    call = make_call("LayerNormFwdOp", n, dtype)
+    plan = dataclasses.replace(cls.plan(call), shifted=True)
+    kernel = cls(build_program(f"test/{key}/{n}/{plan}", cls.program(plan, call), call.arch), plan)
+    (x, w, b), reference = _inputs("LayerNormFwdOp", n, dtype)
+    x = x + offset
+    assert _rel_err(kernel(x, w, b), reference(x, w, b)) < TOLERANCE[dtype]

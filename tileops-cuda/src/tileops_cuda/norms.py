@@ -7,6 +7,7 @@ reads it twice (once for the statistics, once for the output).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -132,7 +133,8 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
     # Streamed LayerNorm rows take their statistics in one shifted pass, except odd rows
     # (vec 1): for some lengths TileLang 0.1.15's StorageRewrite rejects that program, so they
     # read the row once more (mean, then variance, then output) instead.
-    streaming_layer = kind == "layer" and plan.hold == "none" and plan.vec > 1
+    shifted = kind == "layer" and (plan.hold == "none" or plan.shifted) and plan.vec > 1
+    first_vector = dataclasses.replace(plan, hold="none")  # reads X itself, whatever the hold
     m = T.dynamic("m")
 
     @T.macro
@@ -155,8 +157,8 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
             # same one): a scalar read of X beside vector reads of it makes TileLang 0.1.15's
             # StorageRewrite fail for some lengths (n = 32768, 49152, ... in float32).
             shift = T.alloc_var("float32", init=0.0)
-            if streaming_layer and row < m:
-                tiles.reload(X, store, plan, row, 0, 0, t)
+            if shifted and row < m:
+                tiles.reload(X, store, first_vector, row, 0, 0, t)
                 shift = t[0]
             for k in tiles.chunk_loop(plan):
                 if row < m and (exact or base + (k * lanes + lane) * vec < n):
@@ -180,11 +182,25 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
                 var = var / n
             elif kind == "rms":
                 var = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane) / n
-            elif streaming_layer:
-                a = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane) / n
-                b = tiles.reduce_group(s2, "sum", plan, scratch, 1, lane) / n
-                mean = shift + a
-                var = T.max(b - a * a, 0.0)
+            elif shifted:  # sums of x - shift and its square; a cluster's slices just add
+                a = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
+                b = tiles.reduce_group(s2, "sum", plan, scratch, 1, lane)
+                if cluster > 1:
+                    if tx == 0:
+                        S[row, part, 0] = a
+                        S[row, part, 1] = b
+                    T.cluster_sync()
+                    mean = 0.0
+                    var = 0.0
+                    for p in T.unroll(cluster):
+                        mean += S[row, p, 0]
+                        var += S[row, p, 1]
+                else:
+                    mean = a
+                    var = b
+                mean = mean / n
+                var = T.max(var / n - mean * mean, 0.0)
+                mean = shift + mean
             else:  # the block's mean, then squared deviations from it: its slice's (sum, M2)
                 total = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
                 if cluster > 1:

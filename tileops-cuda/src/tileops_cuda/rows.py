@@ -96,7 +96,10 @@ class RowPlan:
     """Threads of one row: `lanes` threads per row, `rows` rows per block, `chunks` vectors of
     `vec` elements per lane; `hold` is where the row waits: registers, shared or nowhere.
     `blocks_per_sm` is the residency the compiler must leave registers for (launch bounds);
-    `cluster` blocks share one row, a slice each (cluster_row)."""
+    `cluster` blocks share one row, a slice each (cluster_row). `shifted`: LayerNorm takes its
+    statistics in one pass of sums shifted by the row's first element, as stream_row always
+    does, instead of the mean and then the squared deviations from it (an option the plan
+    sweep measures for the shared-memory layouts)."""
 
     hold: str
     rows: int
@@ -105,6 +108,7 @@ class RowPlan:
     chunks: int
     blocks_per_sm: int = 1
     cluster: int = 1
+    shifted: bool = False
 
     @property
     def threads(self) -> int:
