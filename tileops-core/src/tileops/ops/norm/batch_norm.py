@@ -233,10 +233,20 @@ class BatchNormFwdOp(Op):
         super().__init__(target=target)
 
     def check(self, call: BoundCall) -> None:
-        x, _, _, *stats = call.tensors
-        missing = [name for name, t in zip(STATS, stats, strict=True) if t is None]
+        x, _, _, mean, var = call.tensors
         op = type(self).__name__
-        if not self.training and missing:
+        if mean is None or var is None:
+            self._check_missing_stats(op, mean, var)
+        _check_one_param_dtype(op, call.tensors)
+        if self.training and x.shape[0] * math.prod(x.shape[2:]) == 1:
+            raise OpInputError(
+                f"{op}(): argument 'x' of shape {list(x.shape)} has one value per channel; "
+                "expected more than 1 value per channel when training (as F.batch_norm)"
+            )
+
+    def _check_missing_stats(self, op: str, *stats: Tensor | None) -> None:
+        missing = [name for name, t in zip(STATS, stats, strict=True) if t is None]
+        if not self.training:
             raise OpInputError(
                 f"{op}(): argument {missing[0]!r} is required in inference (training=False), "
                 "which normalizes with the running statistics; pass running_mean and "
@@ -247,12 +257,6 @@ class BatchNormFwdOp(Op):
             raise OpInputError(
                 f"{op}(): argument {missing[0]!r} is missing while {given!r} is given; pass "
                 "both running stats or neither"
-            )
-        _check_one_param_dtype(op, call.tensors)
-        if self.training and x.shape[0] * math.prod(x.shape[2:]) == 1:
-            raise OpInputError(
-                f"{op}(): argument 'x' of shape {list(x.shape)} has one value per channel; "
-                "expected more than 1 value per channel when training (as F.batch_norm)"
             )
 
     def forward(
@@ -308,6 +312,8 @@ class BatchNormFwdOp(Op):
 
 def _check_one_param_dtype(op: str, tensors: tuple[Tensor | None, ...]) -> None:
     """F.batch_norm takes per-channel tensors all of x's dtype or all float32, never a mix."""
+    if len({t.dtype for t in tensors[1:] if t is not None}) < 2:
+        return
     given = [(n, t.dtype) for n, t in zip(PER_CHANNEL, tensors[1:], strict=True) if t is not None]
     if len({dtype for _, dtype in given}) > 1:
         listed = ", ".join(f"{n!r} {str(d).replace('torch.', '')}" for n, d in given)
