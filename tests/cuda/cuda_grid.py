@@ -23,9 +23,9 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 LENGTHS = {
     "warp_rows": (1, 7, 100, 1024),
     "block_row": (1025, 2048, 8192, 16384),
-    "smem_row": (16385, 32768, 65536),  # 65536: smem_row on sm_80 only
+    "smem_row": (16385, 32768, 65536),
     "stream_row": (65536, 262147),
-    "cluster_row": (16385, 65536, 262147),
+    "cluster_row": (32769, 65536, 262147),
 }
 ROW_OPS = (LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp)
 # Simulated devices of the selection tests: facts as torch reports them on these boards.

@@ -10,8 +10,10 @@ import torch
 from cuda_grid import DTYPES, ROW_OPS, SIMULATED, make_call
 
 import tileops_cuda
+from tileops.backend import register_kernel_type
+from tileops.backend.registry import REGISTRY
 from tileops.ops import LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
-from tileops.testing import simulate_device
+from tileops.testing import isolated_registry, simulate_device
 
 pytestmark = pytest.mark.usefixtures("cuda_kernels_only")
 
@@ -79,10 +81,10 @@ def test_every_length_is_served(name, arch):
 
 def test_declarations():
     # Preferences only where regions overlap: smem_row and cluster_row (sm_90 only) inside
-    # stream_row's, smem_row over cluster_row up to the length where it steps aside.
+    # stream_row's, cluster_row over smem_row on the rows beyond 32768 both serve.
     preferred = {
-        "smem_row": {"tilelang_stream_row", "tilelang_cluster_row"},
-        "cluster_row": {"tilelang_stream_row"},
+        "smem_row": {"tilelang_stream_row"},
+        "cluster_row": {"tilelang_stream_row", "tilelang_smem_row"},
     }
     for op in ROW_OPS:
         for key, cls in tileops_cuda.KERNELS[op].items():
@@ -136,19 +138,31 @@ def test_cluster_row_slices(name, n, dtype, cluster, lanes, chunks):
     assert plan.padded >= n > plan.padded - plan.cluster * plan.lanes * plan.vec
 
 
-def test_cluster_row_refuses_rows_no_cluster_holds_and_yields_short_rows_to_smem_row():
+def test_cluster_row_refuses_rows_no_cluster_holds_and_rows_smem_row_serves_faster():
     with simulate_device("cuda:0", arch=90, **DEVICES[90]):
         cls = tileops_cuda.softmax.SoftmaxClusterRow
         too_long = make_call("SoftmaxFwdOp", 8 * 60000, torch.float32)  # 240 KB slices
         assert "stream_row serves it" in cls.refusal(too_long)
         assert "fits in registers" in cls.refusal(make_call("SoftmaxFwdOp", 16384, torch.float32))
         short = make_call("SoftmaxFwdOp", 32768, torch.bfloat16)
-        assert cls.refusal(short) is None
-        explanation = _op("SoftmaxFwdOp").explain(INTERFACE["SoftmaxFwdOp"], short)
-        assert explanation.verdict("tilelang_cluster_row") == "outranked"
+        assert "smem_row measured faster on n=32768" in cls.refusal(short)
         long = make_call("SoftmaxFwdOp", 32769, torch.bfloat16)
-        smem_refusal = tileops_cuda.softmax.SoftmaxSmemRow.refusal(long)
-        assert "rows longer than 32768 elements go to cluster_row" in smem_refusal
+        assert cls.refusal(long) is None
+        explanation = _op("SoftmaxFwdOp").explain(INTERFACE["SoftmaxFwdOp"], long)
+        assert explanation.verdict("tilelang_smem_row") == "outranked"
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_smem_row_serves_long_rows_it_holds_when_cluster_row_is_absent(name):
+    """Denied or withdrawn, cluster_row leaves the rows smem_row holds to it, not stream_row."""
+    op_cls = OPS[name]
+    with isolated_registry():
+        REGISTRY.withdraw_kernel_types(op_cls)
+        for key, cls in tileops_cuda.KERNELS[op_cls].items():
+            if key != "tilelang_cluster_row":
+                register_kernel_type(op_cls, key, cls)
+        assert key_for(name, 65536, torch.bfloat16, 90) == "tilelang_smem_row"
+        assert key_for(name, 262144, torch.bfloat16, 90) == "tilelang_stream_row"
 
 
 def test_cluster_row_workspace_holds_each_blocks_partials():

@@ -23,9 +23,10 @@ statistics through a small global workspace across a cluster barrier.
 Where layouts overlap, the H200 decided (benchmarks/results/norms_nvidia_h200.md and the
 row_plans_*_nvidia_h200.md sweeps, which also set the plans' thread counts): smem_row wins up
 to SMEM_ROW_OVER_CLUSTER_MAX elements (one block keeps the whole row and no cluster barrier
-waits), cluster_row beyond it (at 64K elements and more a lone smem_row block per SM stalls
-between its passes; cluster_row reached 70-90% of copy bandwidth where stream_row's second
-read held it near 62%), and both win over stream_row.
+waits), so cluster_row starts beyond it and is preferred there (at 64K elements and more a lone
+smem_row block per SM stalls between its passes; cluster_row reached 70-90% of copy bandwidth
+where stream_row's second read held it near 62%); both win over stream_row. Should cluster_row
+be denied, smem_row still serves the rows it holds.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ CLUSTER_SIZES = (2, 4, 8)
 CLUSTER_THREADS = 512
 CLUSTER_SLICE_BYTES = 64 * 1024
 CLUSTER_LONE_BLOCK_THREADS = MAX_THREADS
-# On devices with cluster_row, smem_row keeps rows up to this many elements (see above).
+# smem_row beat cluster_row on rows up to this many elements: cluster_row starts beyond it.
 SMEM_ROW_OVER_CLUSTER_MAX = 32768
 
 
@@ -310,11 +311,7 @@ class SmemRow:
     """Long rows that fit the block's shared memory: read once, kept there for the output."""
 
     layout: ClassVar[str] = "smem_row"
-    # One read over stream_row's two; over cluster_row up to SMEM_ROW_OVER_CLUSTER_MAX, beyond
-    # which smem_row refuses where cluster_row serves (module docstring).
-    preferred_over: ClassVar[frozenset[str]] = frozenset(
-        {"tilelang_stream_row", "tilelang_cluster_row"}
-    )
+    preferred_over: ClassVar[frozenset[str]] = frozenset({"tilelang_stream_row"})  # one read
 
     @classmethod
     def region_refusal(cls, call: Any) -> str | None:
@@ -337,7 +334,10 @@ class ClusterRow:
 
     layout: ClassVar[str] = "cluster_row"
     supported_archs: ClassVar[frozenset[int]] = CLUSTER_ARCHS
-    preferred_over: ClassVar[frozenset[str]] = frozenset({"tilelang_stream_row"})  # one read
+    # One read over stream_row's two; over smem_row on the rows it starts at (module docstring).
+    preferred_over: ClassVar[frozenset[str]] = frozenset(
+        {"tilelang_stream_row", "tilelang_smem_row"}
+    )
 
     @classmethod
     def cluster_threads(cls, dtype: torch.dtype) -> int:
@@ -346,6 +346,11 @@ class ClusterRow:
 
     @classmethod
     def region_refusal(cls, call: Any) -> str | None:
+        if REGISTER_ROW_MAX < call.n <= SMEM_ROW_OVER_CLUSTER_MAX:
+            return (
+                f"cluster_row serves rows longer than {SMEM_ROW_OVER_CLUSTER_MAX} elements; "
+                f"smem_row measured faster on n={call.n}"
+            )
         refusal = long_row_refusal(call, cls.layout)
         threads = cls.cluster_threads(call.dtype)
         if refusal or cluster_row_plan(call.n, call.dtype, call.smem_budget, threads):
@@ -376,11 +381,6 @@ def smem_row_refusal(call: Any) -> str | None:
         return (
             f"a row of n={call.n} {DTYPE_NAMES[call.dtype]} needs {need} bytes of shared memory, "
             f"over this device's {call.smem_budget} per block; stream_row serves it"
-        )
-    if call.arch in CLUSTER_ARCHS and call.n > SMEM_ROW_OVER_CLUSTER_MAX:
-        return (
-            f"on sm_{call.arch} rows longer than {SMEM_ROW_OVER_CLUSTER_MAX} elements go to "
-            f"cluster_row (measured faster there); n={call.n}"
         )
     return None
 
