@@ -1,14 +1,18 @@
 """Row plan sweep on one GPU: threads per block (and, for cluster_row, slice size) of
-tileops-cuda's row kernels, against a same-run copy of the op's bytes.
+tileops-cuda's row kernels, and the launch plans of tileops-triton-backend's, against a
+same-run copy of the op's bytes.
 
 The plan constants in `tileops_cuda.rows` are read off this table. cluster_row candidates split
 the row over clusters of 2, 4, 8 or (beyond the portable sizes) 16 blocks of 256 to 1024
 threads, each block keeping a 16-128 KB slice; block_row and smem_row candidates give the row
 128 to 1024 threads. LayerNorm's shared-memory candidates also run with shifted one-pass
 statistics (`RowPlan.shifted`). Every candidate runs at the occupancy `with_occupancy` gives it.
+The `triton` layout sweeps the Triton programs (`tileops_triton.rows`): the whole row in one
+block of 8, 16 or 32 warps, or looped over 2048- to 8192-element chunks with 8 or 16 warps.
 
-    python benchmarks/row_plans_h200.py [--layouts cluster_row,block_row,smem_row] [--ops ...]
-        [--dtypes bfloat16,float32] [--sizes 65536,131072,262144] [--workers 14] [--out DIR]
+    python benchmarks/row_plans_h200.py [--layouts cluster_row,block_row,smem_row,triton]
+        [--ops ...] [--dtypes bfloat16,float32] [--sizes 65536,131072,262144] [--workers 14]
+        [--out DIR]
 
 Writes `<out>/row_plans_<layouts>_<device>.md`; candidates that fail to build are listed with
 the error.
@@ -21,18 +25,22 @@ import concurrent.futures
 import datetime
 import multiprocessing
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from batchnorm_gemm_h200 import bench
-from norms_h200 import DTYPES, ELEMENTS, _op_setup
+from norms_h200 import DTYPES, ELEMENTS, EPS, _op_setup
 
 THREADS = (256, 512, 1024)
 CLUSTER_SIZES = (2, 4, 8, 16)
 SLICE_BYTES_RANGE = (16 * 1024, 128 * 1024)
 BLOCK_THREADS = (128, 256, 512, 1024)
 REGISTER_VALUES_MAX = 64  # block_row candidates keep at most this many values per thread
+TRITON_WARPS = {"fused": (8, 16, 32), "looped": (8, 16)}
+TRITON_CHUNKS = (2048, 4096, 8192)
+TRITON_FUSED_MAX = 65536
 
 
 def plans(layout: str, op: str, call: Any) -> list[Any]:
@@ -101,15 +109,69 @@ def _setup(job: Job, rows_: int) -> tuple[Any, tuple, Any, Any]:
     return args, eager, call, x
 
 
+def candidates(job: Job, call: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """(label, build) for every candidate of the job's layout."""
+    layout, op, dtype, _ = job
+    if layout == "triton":
+        return [(triton_label(p), lambda p=p: triton_kernel(op, p)) for p in triton_plans(call)]
+    itemsize = DTYPES[dtype].itemsize
+    found = plans(layout, op, call)
+    return [(plan_label(p, itemsize), lambda p=p: build(layout, op, call, p)) for p in found]
+
+
+def plan_label(plan: Any, itemsize: int) -> str:
+    shifted = ", shifted" if plan.shifted else ""
+    return (f"{plan.lanes} threads, cluster {plan.cluster}, {plan.slice * itemsize // 1024} KB "
+            f"per block, {plan.blocks_per_sm}/SM{shifted}")  # fmt: skip
+
+
+def triton_plans(call: Any) -> list[Any]:
+    """The whole row in one program (up to TRITON_FUSED_MAX), or looped over chunks."""
+    from tileops_triton.compile import next_pow2
+    from tileops_triton.rows import RowPlan
+
+    block = next_pow2(call.n)
+    found = []
+    if block <= TRITON_FUSED_MAX:
+        found += [RowPlan(True, block, 1, warps) for warps in TRITON_WARPS["fused"]]
+    chunks = [c for c in TRITON_CHUNKS if c < call.n]
+    found += [RowPlan(False, c, 1, warps) for c in chunks for warps in TRITON_WARPS["looped"]]
+    return found
+
+
+def triton_label(plan: Any) -> str:
+    return f"triton {'fused' if plan.fused else 'looped'} {plan.block}, {plan.warps} warps"
+
+
+def triton_kernel(op: str, plan: Any) -> Callable[..., torch.Tensor]:
+    """The Triton launcher of `op` with `plan`, as a kernel of the op's arguments."""
+    from tileops_triton import norms, softmax
+
+    def run(x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        if op == "layer_norm":
+            norms.layer_norm(plan, x, *params, EPS, out)
+        elif op == "rms_norm":
+            norms.rms_norm(plan, x, *params, EPS, out)
+        else:
+            softmax.softmax(plan, x, out)
+        return out
+
+    return run
+
+
 def prebuild(job: Job) -> list[str]:
-    """Compile every candidate of one case (in a worker: fills the disk cache); errors by plan."""
-    args, _, call, _ = _setup(job, 1)
+    """Compile every TileLang candidate of one case (in a worker: fills the disk cache); Triton
+    compiles at its first launch. Returns the errors by candidate."""
+    if job[0] == "triton":
+        return []
+    _, _, call, _ = _setup(job, 1)
     errors = []
-    for plan in plans(job[0], job[1], call):
+    for label, make in candidates(job, call):
         try:
-            build(*job[:2], call, plan)
+            make()
         except Exception as error:  # a plan TileLang cannot lower is reported, not fatal
-            errors.append(f"{plan}: {type(error).__name__}: {str(error).splitlines()[0][:160]}")
+            errors.append(f"{label}: {type(error).__name__}: {str(error).splitlines()[0][:160]}")
     return errors
 
 
@@ -121,20 +183,17 @@ def measure(job: Job, rounds: int) -> list[str]:
     dst = torch.empty_like(src)
     copy = bench(lambda: dst.copy_(src), rounds)
     want = eager(*args).float()
-    lines = [f"\n## {layout}: {op} {dtype} N={n}\n",
-             "| threads | cluster | slice KB | blocks/SM | shifted | % copy | rel. error |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
-    for plan in plans(layout, op, call):
+    lines = [f"\n## {layout}: {op} {dtype} N={n}\n", "| candidate | % copy | rel. error |",
+             "|---|---|---|"]  # fmt: skip
+    for label, make in candidates(job, call):
         try:
-            kernel = build(layout, op, call, plan)
-        except Exception as error:
-            lines.append(f"| {plan.lanes} | {plan.cluster} | build failed: {error} | | | | |")
+            kernel = make()
+            error = ((kernel(*args).float() - want).norm() / want.norm()).item()
+        except Exception as failure:  # reported in the table, not fatal
+            lines.append(f"| {label} | failed: {str(failure).splitlines()[0][:120]} | |")
             continue
-        error = ((kernel(*args).float() - want).norm() / want.norm()).item()
         ms = bench(lambda kernel=kernel: kernel(*args), rounds)
-        kb = plan.slice * x.element_size() / 1024
-        lines.append(f"| {plan.lanes} | {plan.cluster} | {kb:.0f} | {plan.blocks_per_sm} | "
-                     f"{plan.shifted} | {100 * copy / ms:.1f} | {error:.1e} |")  # fmt: skip
+        lines.append(f"| {label} | {100 * copy / ms:.1f} | {error:.1e} |")
         print(job, lines[-1], flush=True)
     return lines
 
