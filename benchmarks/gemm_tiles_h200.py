@@ -35,7 +35,7 @@ DTYPE = torch.bfloat16
 class Candidate:
     kind: str  # "hopper" or "skinny"
     shape: tuple[int, int, int]
-    settings: tuple  # hopper: (block_m, block_n, block_k, stages, policy); skinny: below
+    settings: tuple  # hopper: (block_m, block_n, block_k, stages, policy, epilogue); skinny: below
 
     @property
     def label(self) -> str:
@@ -43,9 +43,12 @@ class Candidate:
 
 
 def candidates() -> list[Candidate]:
-    hopper = [(128, 256, 64, s, p) for s in (3, 4) for p in ("Square", "FullRow")]
-    hopper += [(128, 128, 64, s, p) for s in (4, 6) for p in ("Square", "FullRow")]
-    hopper += [(256, 128, 64, 3, "FullCol"), (128, 192, 64, 4, "FullRow")]
+    hopper = [(128, 256, 64, s, p, "direct") for s in (3, 4) for p in ("Square", "FullRow")]
+    hopper += [(128, 128, 64, s, p, "direct") for s in (4, 6) for p in ("Square", "FullRow")]
+    hopper += [(256, 128, 64, 3, "FullCol", "direct"), (128, 192, 64, 4, "FullRow", "direct")]
+    # C staged through shared memory and stored in bulk (the C tile takes one stage's room).
+    hopper += [(128, 256, 64, 3, "FullRow", "smem"), (128, 128, 64, 4, "FullRow", "smem"),
+               (256, 128, 64, 3, "FullCol", "smem")]  # fmt: skip
     skinny = [(bn, bk, bps, tma) for bn in (64, 128) for bk in (64, 128) for bps in (1, 2, 4)
               for tma in (False, True)]  # fmt: skip
     # One kernel, no split of k (no partials, no second launch): narrow columns fill the grid.
@@ -70,8 +73,8 @@ def build(candidate: Candidate) -> Any:
     call = call_for(candidate.shape)
     name = f"sweep/{candidate.kind}/{candidate.shape}/{candidate.settings}"
     if candidate.kind == "hopper":
-        bm, bn, bk, stages, policy = candidate.settings
-        tile = gemm.Tile(bm, bn, bk, 256, stages, policy)
+        bm, bn, bk, stages, policy, epilogue = candidate.settings
+        tile = gemm.Tile(bm, bn, bk, 256, stages, policy, smem_epilogue=epilogue == "smem")
         program = build_program(name, lambda: gemm.gemm_program(call, tile, tma=True), 90,
                                  features="a")  # fmt: skip
         return gemm.GemmHopper(call, [program])
@@ -143,8 +146,8 @@ def main() -> None:
     lines = [f"# GEMM tile sweep on {device}\n",
              f"{datetime.date.today()}, commit {os.environ.get('GIT_COMMIT', '?')}, torch "
              f"{torch.__version__}, bfloat16; medians of do_bench (L2 cleared), best of "
-             f"{args.rounds}. Hopper settings: block_m block_n block_k stages policy; skinny: "
-             "block_n block_k blocks-per-SM tma."]  # fmt: skip
+             f"{args.rounds}. Hopper settings: block_m block_n block_k stages policy "
+             "epilogue; skinny: block_n block_k blocks-per-SM tma."]  # fmt: skip
     for shape in dict.fromkeys(c.shape for c in todo):
         lines += measure(shape, [c for c in todo if c.shape == shape], errors, args.rounds)
     out = Path(args.out)

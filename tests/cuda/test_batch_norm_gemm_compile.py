@@ -88,6 +88,26 @@ def test_hopper_gemm_uses_tma_and_wgmma(tilelang_cache):
     assert "warpgroup_reg_alloc" in source  # producer / consumer warp specialization
 
 
+def test_hopper_gemm_smem_epilogue_stores_c_with_tma(tilelang_cache):
+    """Tile.smem_epilogue (gemm_tiles_h200.py measures it): C staged in shared memory and
+    stored by TMA; its 64 KB tile takes one of the four pipeline stages' room."""
+    from dataclasses import replace
+
+    from tileops_cuda.compile import build_program
+
+    call = GEMM_CALLS["tilelang_gemm_hopper"]
+    with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
+        direct = gemm.GemmHopper.plan(call)
+        staged = gemm._with_stages(replace(direct, smem_epilogue=True), call, 64)
+    assert (direct.stages, staged.stages) == (4, 3)
+    stores = []
+    for tile in (direct, staged):
+        factory = lambda t=tile: gemm.gemm_program(call, t, True)  # noqa: E731
+        program = build_program(f"test/epilogue/{tile}", factory, 90, features="a")
+        stores.append("tl::tma_store" in program.get_kernel_source())
+    assert stores == [False, True]
+
+
 def test_general_gemm_on_sm_90_stays_on_mma_sync(tilelang_cache):
     """It serves what TMA cannot take, so TileLang's TMA and wgmma lowerings stay off."""
     _, kernel = build(gemm.GemmGeneral, GEMM_CALLS["tilelang_gemm"], 90)

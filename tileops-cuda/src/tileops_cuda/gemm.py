@@ -66,7 +66,9 @@ NO_TMA = {"disable_tma": True}
 @dataclass(frozen=True)
 class Tile:
     """One block's tile: block_m x block_n of C, block_k deep per pipeline stage; `policy`
-    names TileLang's GemmWarpPolicy (how the warps split the tile)."""
+    names TileLang's GemmWarpPolicy (how the warps split the tile); `smem_epilogue` stages C
+    through shared memory (one bulk store, TMA on sm_90a) instead of each thread storing its
+    fragment (an option gemm_tiles_h200.py measures)."""
 
     block_m: int
     block_n: int
@@ -74,9 +76,13 @@ class Tile:
     threads: int
     stages: int = MIN_STAGES
     policy: str = "Square"
+    smem_epilogue: bool = False
 
     def stage_bytes(self, itemsize: int) -> int:
         return (self.block_m + self.block_n) * self.block_k * itemsize
+
+    def epilogue_bytes(self, itemsize: int) -> int:
+        return self.block_m * self.block_n * itemsize if self.smem_epilogue else 0
 
 
 # Candidate tiles, largest first; the rule takes the first whose tiles fill the device.
@@ -124,7 +130,9 @@ def _tiles(call: GemmCall, tile: Tile) -> int:
 
 
 def _with_stages(tile: Tile, call: GemmCall, k_tiles: int) -> Tile:
-    fit = (call.smem_budget - SMEM_RESERVE) // tile.stage_bytes(HALF[call.dtype])
+    itemsize = HALF[call.dtype]
+    room = call.smem_budget - SMEM_RESERVE - tile.epilogue_bytes(itemsize)
+    fit = room // tile.stage_bytes(itemsize)
     stages = max(MIN_STAGES, min(MAX_STAGES, fit, k_tiles))
     return replace(tile, stages=stages)
 
@@ -353,7 +361,12 @@ def gemm_program(call: GemmCall, tile: Tile, tma: bool) -> Any:
                 T.copy(A[by * bm, kk * bk], a_tile, annotations=hints)
                 T.copy(B[kk * bk, bx * bn], b_tile, annotations=hints)
                 T.gemm(a_tile, b_tile, acc, policy=getattr(T.GemmWarpPolicy, tile.policy))
-            T.copy(acc, C[by * bm, bx * bn])
+            if tile.smem_epilogue:
+                c_tile = T.alloc_shared((bm, bn), dtype)
+                T.copy(acc, c_tile)
+                T.copy(c_tile, C[by * bm, bx * bn])
+            else:
+                T.copy(acc, C[by * bm, bx * bn])
 
     return tiles.prim_func(main, dtype, A=(m, k), B=(k, n), C=(m, n))
 
