@@ -5,8 +5,9 @@ same-run copy of the op's bytes.
 The plan constants in `tileops_cuda.rows` are read off this table. cluster_row candidates split
 the row over clusters of 2, 4, 8 or (beyond the portable sizes) 16 blocks of 256 to 1024
 threads, each block keeping a 16-128 KB slice; block_row and smem_row candidates give the row
-128 to 1024 threads. LayerNorm's shared-memory candidates also run with shifted one-pass
-statistics (`RowPlan.shifted`). Every candidate runs at the occupancy `with_occupancy` gives it.
+128 to 1024 threads. LayerNorm's and softmax's shared-memory candidates also run with their
+statistics gathered while the row loads (`RowPlan.one_pass`). Every candidate runs at the
+occupancy `with_occupancy` gives it.
 The `triton` layout sweeps the Triton programs (`tileops_triton.rows`): the whole row in one
 block of 8, 16 or 32 warps, or looped over 2048- to 8192-element chunks with 8 or 16 warps.
 
@@ -44,13 +45,13 @@ TRITON_FUSED_MAX = 65536
 
 
 def plans(layout: str, op: str, call: Any) -> list[Any]:
-    """The candidate plans of `layout` for `call`; LayerNorm's shared-memory plans also with
-    shifted one-pass statistics."""
+    """The candidate plans of `layout` for `call`; LayerNorm's and softmax's shared-memory plans
+    also with one-pass statistics."""
     import dataclasses
 
     found = cluster_plans(call) if layout == "cluster_row" else block_plans(layout, call)
-    if op == "layer_norm":
-        found += [dataclasses.replace(p, shifted=True) for p in found
+    if op in ("layer_norm", "softmax"):
+        found += [dataclasses.replace(p, one_pass=True) for p in found
                   if p.hold == "shared" and p.vec > 1]  # fmt: skip
     return found
 
@@ -64,8 +65,13 @@ def block_plans(layout: str, call: Any) -> list[Any]:
     found = []
     for lanes in BLOCK_THREADS:
         chunks = -(-call.n // (lanes * vec))
-        if hold == "shared" or chunks * vec <= REGISTER_VALUES_MAX:
-            found.append(rows.with_occupancy(rows.RowPlan(hold, 1, lanes, vec, chunks), call))
+        plan = rows.RowPlan(hold, 1, lanes, vec, chunks)
+        if hold == "shared":
+            fits = rows.plan_smem_bytes(plan, call.dtype) <= call.smem_budget
+        else:
+            fits = chunks * vec <= REGISTER_VALUES_MAX
+        if fits:
+            found.append(rows.with_occupancy(plan, call))
     return found
 
 
@@ -120,9 +126,9 @@ def candidates(job: Job, call: Any) -> list[tuple[str, Callable[[], Any]]]:
 
 
 def plan_label(plan: Any, itemsize: int) -> str:
-    shifted = ", shifted" if plan.shifted else ""
+    one_pass = ", one pass" if plan.one_pass else ""
     return (f"{plan.lanes} threads, cluster {plan.cluster}, {plan.slice * itemsize // 1024} KB "
-            f"per block, {plan.blocks_per_sm}/SM{shifted}")  # fmt: skip
+            f"per block, {plan.blocks_per_sm}/SM{one_pass}")  # fmt: skip
 
 
 def triton_plans(call: Any) -> list[Any]:

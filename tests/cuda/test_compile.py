@@ -11,7 +11,7 @@ import torch
 from cuda_grid import ROW_OPS, make_call
 
 import tileops_cuda
-from tileops.ops import LayerNormFwdOp
+from tileops.ops import LayerNormFwdOp, SoftmaxFwdOp
 from tileops.testing import simulate_device
 
 # One call per region (the longest row of each, odd lengths where the region allows them).
@@ -22,6 +22,7 @@ REPRESENTATIVE = {
     "stream_row": (262144, torch.bfloat16),
     "cluster_row": (262147, torch.float32),
 }
+OPS = {"LayerNormFwdOp": LayerNormFwdOp, "SoftmaxFwdOp": SoftmaxFwdOp}
 SMEM_BUDGET = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 CASES = [
     (op, key, cls, arch)
@@ -93,22 +94,23 @@ def test_streamed_layer_norm_lengths_tilelang_once_rejected_compile(n, dtype, ti
     assert "__global__" in kernel.compiled.get_kernel_source()
 
 
+@pytest.mark.parametrize("op", ["LayerNormFwdOp", "SoftmaxFwdOp"])
 @pytest.mark.parametrize("layout,n", [("smem_row", 32768), ("cluster_row", 131072)])
-def test_layer_norm_shifted_statistics_compile(layout, n, tilelang_cache):
-    """RowPlan.shifted (the plan sweep's option) drops the pass over shared memory between the
-    mean and the variance: two walks over the row (load, output) instead of three."""
+def test_one_pass_statistics_compile(op, layout, n, tilelang_cache):
+    """RowPlan.one_pass (the plan sweep's option) drops the pass over shared memory before the
+    output (LayerNorm's variance, softmax's sum): two walks over the row instead of three."""
     import dataclasses
 
     from tileops_cuda.compile import build_program
 
-    cls = tileops_cuda.KERNELS[LayerNormFwdOp][f"tilelang_{layout}"]
-    call = make_call("LayerNormFwdOp", n, torch.bfloat16)
+    cls = tileops_cuda.KERNELS[OPS[op]][f"tilelang_{layout}"]
+    call = make_call(op, n, torch.bfloat16)
     with simulate_device("cuda:0", arch=90, sm_count=132, smem_budget=SMEM_BUDGET[90]):
         plan = cls.plan(call)
     walks = {}
-    for shifted in (False, True):
-        variant = dataclasses.replace(plan, shifted=shifted)
+    for one_pass in (False, True):
+        variant = dataclasses.replace(plan, one_pass=one_pass)
         program = cls.program(variant, call)
-        source = build_program(f"test/{layout}/{variant}", program, 90).get_kernel_source()
-        walks[shifted] = source.count("for (int k")
+        source = build_program(f"test/{op}/{layout}/{variant}", program, 90).get_kernel_source()
+        walks[one_pass] = source.count("for (int k")
     assert walks == {False: 3, True: 2}

@@ -133,7 +133,7 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
     # Streamed LayerNorm rows take their statistics in one shifted pass, except odd rows
     # (vec 1): for some lengths TileLang 0.1.15's StorageRewrite rejects that program, so they
     # read the row once more (mean, then variance, then output) instead.
-    shifted = kind == "layer" and (plan.hold == "none" or plan.shifted) and plan.vec > 1
+    shifted = kind == "layer" and (plan.hold == "none" or plan.one_pass) and plan.vec > 1
     first_vector = dataclasses.replace(plan, hold="none")  # reads X itself, whatever the hold
     m = T.dynamic("m")
 

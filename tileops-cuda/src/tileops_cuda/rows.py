@@ -97,10 +97,12 @@ class RowPlan:
     """Threads of one row: `lanes` threads per row, `rows` rows per block, `chunks` vectors of
     `vec` elements per lane; `hold` is where the row waits: registers, shared or nowhere.
     `blocks_per_sm` is the residency the compiler must leave registers for (launch bounds);
-    `cluster` blocks share one row, a slice each (cluster_row). `shifted`: LayerNorm takes its
-    statistics in one pass of sums shifted by the row's first element, as stream_row always
-    does, instead of the mean and then the squared deviations from it (an option the plan
-    sweep measures for the shared-memory layouts)."""
+    `cluster` blocks share one row, a slice each (cluster_row). `one_pass`: the statistics are
+    gathered while the row loads, as stream_row always does, with no pass over shared memory
+    before the output (an option the plan sweep measures for the shared-memory layouts):
+    LayerNorm sums x and x^2 shifted by the row's first element instead of taking the mean and
+    then the squared deviations from it; softmax keeps a running max and a sum rescaled to it,
+    per vector, instead of the max and then a pass for the sum."""
 
     hold: str
     rows: int
@@ -109,7 +111,7 @@ class RowPlan:
     chunks: int
     blocks_per_sm: int = 1
     cluster: int = 1
-    shifted: bool = False
+    one_pass: bool = False
 
     @property
     def threads(self) -> int:
