@@ -2,9 +2,11 @@
 against torch.matmul, measured in the same run.
 
 The tile rules in `tileops_cuda.gemm` are read off this table. Hopper candidates vary the
-tile, pipeline depth and warp policy at the large square shapes; skinny candidates vary the
-column tile, k tile, blocks per multiprocessor and whether the copies may use TMA, at decode
-shapes, scored as % of a same-run copy of the weight's bytes (the weight read dominates).
+tile, pipeline depth, warp policy and epilogue (C stored from registers, or staged in shared
+memory) at the large square shapes; skinny candidates vary the column tile, k tile, blocks per
+multiprocessor and how a split k is summed (a second kernel, or the fixup: the last block of
+each column tile), at decode shapes, scored as % of a same-run copy of the weight's bytes (the
+weight read dominates).
 
     python benchmarks/gemm_tiles_h200.py [--kinds hopper,skinny] [--workers 14] [--rounds 3]
         [--out DIR]
@@ -19,7 +21,7 @@ import concurrent.futures
 import datetime
 import multiprocessing
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,8 @@ DTYPE = torch.bfloat16
 class Candidate:
     kind: str  # "hopper" or "skinny"
     shape: tuple[int, int, int]
-    settings: tuple  # hopper: (block_m, block_n, block_k, stages, policy, epilogue); skinny: below
+    settings: tuple  # hopper: (block_m, block_n, block_k, stages, policy, epilogue); skinny:
+    # (block_n, block_k, blocks_per_sm, tma, fixup)
 
     @property
     def label(self) -> str:
@@ -49,10 +52,12 @@ def candidates() -> list[Candidate]:
     # C staged through shared memory and stored in bulk (the C tile takes one stage's room).
     hopper += [(128, 256, 64, 3, "FullRow", "smem"), (128, 128, 64, 4, "FullRow", "smem"),
                (256, 128, 64, 3, "FullCol", "smem")]  # fmt: skip
-    skinny = [(bn, bk, bps, tma) for bn in (64, 128) for bk in (64, 128) for bps in (1, 2, 4)
-              for tma in (False, True)]  # fmt: skip
+    # TMA copies (tma True) trailed cp.async at every decode shape (results of 2026-11-29), so
+    # the sweep now varies the split-k fixup instead: one launch, the last block sums.
+    skinny = [(bn, bk, bps, False, fixup) for bn in (64, 128) for bk in (64, 128)
+              for bps in (1, 2, 4) for fixup in (False, True)]  # fmt: skip
     # One kernel, no split of k (no partials, no second launch): narrow columns fill the grid.
-    skinny += [(32, bk, 0.5, False) for bk in (64, 128)]
+    skinny += [(32, bk, 0.5, False, False) for bk in (64, 128)]
     return [Candidate("hopper", shape, h) for shape in SQUARE for h in hopper] + [
         Candidate("skinny", shape, k) for shape in SKINNY for k in skinny
     ]
@@ -78,13 +83,13 @@ def build(candidate: Candidate) -> Any:
         program = build_program(name, lambda: gemm.gemm_program(call, tile, tma=True), 90,
                                  features="a")  # fmt: skip
         return gemm.GemmHopper(call, [program])
-    bn, bk, bps, tma = candidate.settings
-    plan = gemm.skinny_plan(call, bn, bk, bps)
+    bn, bk, bps, tma, fixup = candidate.settings
+    plan = replace(gemm.skinny_plan(call, bn, bk, bps), fixup=fixup)
     options = {"features": "a", "pass_configs": {"tl.disable_wgmma": True}} if tma else {
         "pass_configs": gemm.MMA_SYNC_ONLY}  # fmt: skip
     programs = [build_program(f"{name}/0", lambda: gemm.skinny_program(call, plan, tma), 90,
                               **options)]  # fmt: skip
-    if plan.splits > 1:
+    if plan.splits > 1 and not plan.fixup:
         programs.append(build_program(f"{name}/1", lambda: gemm.reduce_program(call, plan), 90))
     kernel = gemm.GemmSkinny(call, programs)
     kernel.plan_ = plan
@@ -147,7 +152,7 @@ def main() -> None:
              f"{datetime.date.today()}, commit {os.environ.get('GIT_COMMIT', '?')}, torch "
              f"{torch.__version__}, bfloat16; medians of do_bench (L2 cleared), best of "
              f"{args.rounds}. Hopper settings: block_m block_n block_k stages policy "
-             "epilogue; skinny: block_n block_k blocks-per-SM tma."]  # fmt: skip
+             "epilogue; skinny: block_n block_k blocks-per-SM tma fixup."]  # fmt: skip
     for shape in dict.fromkeys(c.shape for c in todo):
         lines += measure(shape, [c for c in todo if c.shape == shape], errors, args.rounds)
     out = Path(args.out)

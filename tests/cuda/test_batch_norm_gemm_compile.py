@@ -108,6 +108,24 @@ def test_hopper_gemm_smem_epilogue_stores_c_with_tma(tilelang_cache):
     assert stores == [False, True]
 
 
+def test_skinny_gemm_fixup_is_one_kernel_that_counts_arrivals(tilelang_cache):
+    """SkinnyPlan.fixup (the tile sweep's option): the split-k sum moves into the skinny
+    kernel, behind a per-column-tile arrival counter, so no reduce kernel is built."""
+    from dataclasses import replace
+
+    from tileops_cuda.compile import build_program
+
+    call = GEMM_CALLS["tilelang_gemm_skinny"]
+    with simulate_device("cuda:0", arch=80, **SIMULATED[80]):
+        plan = replace(gemm.skinny_plan(call), fixup=True)
+    assert plan.splits > 1
+    program = build_program(f"test/fixup/{plan}", lambda: gemm.skinny_program(call, plan), 80,
+                            pass_configs=gemm.MMA_SYNC_ONLY)  # fmt: skip
+    source = program.get_kernel_source()
+    assert "AtomicAddRet" in source and ", 4);" in source  # acq_rel: release P, acquire others'
+    assert "Count[((int)blockIdx.x)] = 0" in source  # reset for the next call
+
+
 def test_general_gemm_on_sm_90_stays_on_mma_sync(tilelang_cache):
     """It serves what TMA cannot take, so TileLang's TMA and wgmma lowerings stay off."""
     _, kernel = build(gemm.GemmGeneral, GEMM_CALLS["tilelang_gemm"], 90)

@@ -214,3 +214,45 @@ def test_hopper_gemm_takes_an_unaligned_view():
         pytest.skip("needs sm_90")
     got = gemm.GemmHopper.entry_for(call)[1]()(a, b)
     assert _rel_err(got, a.float() @ b.float()) < TOLERANCE[torch.bfloat16]
+
+
+def _fixup_kernel(call) -> gemm.GemmSkinny:
+    """GemmSkinny with SkinnyPlan.fixup set (the tile sweep's option): one launch, the last
+    block of each column tile sums the partials."""
+    from dataclasses import replace
+
+    from tileops_cuda.compile import build_program
+
+    plan = replace(gemm.skinny_plan(call), fixup=True)
+    assert plan.splits > 1
+    program = build_program(f"test/fixup/{plan}", lambda: gemm.skinny_program(call, plan),
+                            call.arch, pass_configs=gemm.MMA_SYNC_ONLY)  # fmt: skip
+    kernel = gemm.GemmSkinny(call, [program])
+    kernel.plan_ = plan
+    return kernel
+
+
+@pytest.mark.parametrize("shape", [(1, 4096, 4096), (13, 1001, 999), (64, 8192, 8192)], ids=str)
+def test_skinny_gemm_fixup_sums_every_split_and_resets_its_counters(shape):
+    call = gemm_call(*shape, torch.bfloat16)
+    kernel = _fixup_kernel(call)
+    for _ in range(3):  # counters left at zero: the next call counts from scratch
+        a, b = _gemm_inputs(*shape, torch.bfloat16)
+        assert _rel_err(kernel(a, b), a.float() @ b.float()) < TOLERANCE[torch.bfloat16]
+    assert all(not counters.any() for counters in kernel._counters.values())
+
+
+def test_skinny_gemm_fixup_keeps_one_set_of_counters_per_stream():
+    """Two streams' calls could interleave their arrivals on shared counters."""
+    shape = (1, 4096, 4096)
+    kernel = _fixup_kernel(gemm_call(*shape, torch.bfloat16))
+    inputs = [_gemm_inputs(*shape, torch.bfloat16) for _ in range(2)]
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    outputs = []
+    for stream, (a, b) in zip(streams, inputs, strict=True):
+        with torch.cuda.stream(stream):
+            outputs.append([kernel(a, b) for _ in range(20)][-1])
+    torch.cuda.synchronize()
+    assert len(kernel._counters) == 2
+    for got, (a, b) in zip(outputs, inputs, strict=True):
+        assert _rel_err(got, a.float() @ b.float()) < TOLERANCE[torch.bfloat16]

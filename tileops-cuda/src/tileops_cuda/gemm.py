@@ -139,11 +139,15 @@ def _with_stages(tile: Tile, call: GemmCall, k_tiles: int) -> Tile:
 
 @dataclass(frozen=True)
 class SkinnyPlan:
-    """Skinny tiling: row tile block_m (m's bucket), `splits` slices of `k_tiles` k tiles."""
+    """Skinny tiling: row tile block_m (m's bucket), `splits` slices of `k_tiles` k tiles.
+    `fixup`: one launch for a split k, the last block of each column tile to finish summing
+    the partials (a counter per column tile tells it), instead of a second kernel (an option
+    gemm_tiles_h200.py measures)."""
 
     tile: Tile
     splits: int
     k_tiles: int
+    fixup: bool = False
 
 
 def skinny_plan(
@@ -321,17 +325,33 @@ class GemmSkinny(_Gemm):
     def __init__(self, call: GemmCall, compiled: list[Any]) -> None:
         super().__init__(call, compiled)
         self.plan_ = skinny_plan(call) if call.k else None
+        self._counters: dict[tuple[torch.device, int], torch.Tensor] = {}
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        if len(self.compiled) < 2:
-            return super().forward(a, b)
         plan = self.plan_
+        if plan is None or plan.splits == 1:
+            return super().forward(a, b)
         rows = plan.splits * plan.tile.block_m
         partials = torch.empty((rows, b.shape[1]), dtype=torch.float32, device=a.device)
-        self.compiled[0](a, b, partials)
         c = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+        if plan.fixup:
+            self.compiled[0](a, b, partials, self._column_counters(a.device, b.shape[1]), c)
+            return c
+        self.compiled[0](a, b, partials)
         self.compiled[1](partials, c)
         return c
+
+    def _column_counters(self, device: torch.device, n: int) -> torch.Tensor:
+        """The fixup's arrival counters, one per column tile, zero between calls (the last
+        block resets its own). One set per stream: kernels on one stream run in order, while
+        two streams' calls could interleave their counts."""
+        stream = torch.cuda.current_stream(device).cuda_stream
+        counters = self._counters.get((device, stream))
+        if counters is None:
+            columns = _ceil_div(n, self.plan_.tile.block_n)
+            counters = torch.zeros(columns, dtype=torch.int32, device=device)
+            self._counters[(device, stream)] = counters
+        return counters
 
 
 # -- TileLang programs -----------------------------------------------------------------------
@@ -386,7 +406,31 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan, tma: bool = False) -> Any:
     hints = None if tma else NO_TMA
     m = T.dynamic("m")
 
-    def main(A, B, C):
+    @T.macro
+    def fixup(P, Count, C, bx):
+        """The split-k fixup: each block counts itself in for its column tile once its partials
+        are written (release); the last to arrive (acquire) sums every split's partials of the
+        tile into C and resets the counter for the next call."""
+        tx = T.get_thread_binding()
+        arrived = T.alloc_shared((1,), "int32")
+        T.sync_threads()  # every thread's partials written before the count
+        if tx == 0:
+            arrived[0] = T.atomic_add(Count[bx], 1, memory_order="acq_rel", return_prev=True)
+        T.sync_threads()
+        if arrived[0] == plan.splits - 1:
+            for i in T.serial(T.ceildiv(m * bn, tile.threads)):
+                row = (i * tile.threads + tx) // bn
+                col = bx * bn + (i * tile.threads + tx) % bn
+                if row < m and col < n:
+                    total = T.alloc_var("float32", init=0.0)
+                    for s in T.unroll(plan.splits):
+                        total += P[s * bm + row, col]
+                    C[row, col] = total
+            if tx == 0:
+                Count[bx] = 0
+
+    @T.macro
+    def body(A, B, C, Count, Out):
         with T.Kernel(T.ceildiv(n, bn), plan.splits, threads=tile.threads) as (bx, split):
             a_tile = T.alloc_shared((bm, bk), dtype)
             b_tile = T.alloc_shared((bk, bn), dtype)
@@ -400,6 +444,21 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan, tma: bool = False) -> Any:
                 T.copy(acc, C[split * bm, bx * bn])
             else:
                 T.copy(acc, C[0, bx * bn])
+            if plan.fixup:
+                fixup(C, Count, Out, bx)
+
+    if split_k and plan.fixup:
+
+        def main(A, B, C, Count, Out):
+            body(A, B, C, Count, Out)
+
+        dtypes = {"C": "float32", "Count": "int32"}
+        columns = _ceil_div(n, bn)
+        shapes = {"A": (m, k), "B": (k, n), "C": (plan.splits * bm, n), "Count": (columns,)}
+        return tiles.prim_func(main, dtype, dtypes, **shapes, Out=(m, n))
+
+    def main(A, B, C):
+        body(A, B, C, None, None)
 
     if split_k:
         return tiles.prim_func(
