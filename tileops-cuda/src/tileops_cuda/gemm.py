@@ -444,7 +444,7 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan, tma: bool = False) -> Any:
                 T.copy(acc, C[split * bm, bx * bn])
             else:
                 T.copy(acc, C[0, bx * bn])
-            if plan.fixup:
+            if split_k and plan.fixup:
                 fixup(C, Count, Out, bx)
 
     if split_k and plan.fixup:
