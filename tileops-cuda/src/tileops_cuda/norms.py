@@ -173,9 +173,7 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
             var = T.alloc_var("float32", init=0.0)
             if kind == "rms" and cluster > 1:
                 squares = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
-                if tx == 0:
-                    S[row, part, 0] = squares
-                T.cluster_sync()
+                tiles.share_partials(S, row, part, squares, 0.0)
                 var = 0.0
                 for p in T.unroll(cluster):
                     var += S[row, p, 0]
@@ -186,10 +184,7 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
                 a = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
                 b = tiles.reduce_group(s2, "sum", plan, scratch, 1, lane)
                 if cluster > 1:
-                    if tx == 0:
-                        S[row, part, 0] = a
-                        S[row, part, 1] = b
-                    T.cluster_sync()
+                    tiles.share_partials(S, row, part, a, b)
                     mean = 0.0
                     var = 0.0
                     for p in T.unroll(cluster):
@@ -216,10 +211,7 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
                 spread = tiles.reduce_group(s2, "sum", plan, scratch, 1, lane)
                 var = spread / n
                 if cluster > 1:  # Chan's merge of the slices' (count, mean, M2)
-                    if tx == 0:
-                        S[row, part, 0] = total
-                        S[row, part, 1] = spread
-                    T.cluster_sync()
+                    tiles.share_partials(S, row, part, total, spread)
                     mean = 0.0
                     for p in T.unroll(cluster):
                         mean += S[row, p, 0]

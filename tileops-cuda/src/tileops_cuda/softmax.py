@@ -129,10 +129,7 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
             peak = row_max
             scale = tiles.reduce_group(total, "sum", plan, scratch, 1, lane)
             if cluster > 1:  # the slices' sums, each rescaled to the row's max
-                if tx == 0:
-                    S[row, part, 0] = peak
-                    S[row, part, 1] = scale
-                T.cluster_sync()
+                tiles.share_partials(S, row, part, peak, scale)
                 peak = S[row, 0, 0]
                 for p in T.unroll(1, cluster):
                     peak = T.max(peak, S[row, p, 0])

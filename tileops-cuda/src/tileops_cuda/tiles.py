@@ -59,6 +59,16 @@ def _reduce_group(value, is_max: bool, offsets: list, nwarps: int, scratch, slot
     return acc
 
 
+@T.macro
+def share_partials(S, row, part, first, second):
+    """cluster_row: block `part` of `row` publishes its two partial statistics in S[row, part],
+    then waits at the cluster barrier until every block of the cluster has published its own."""
+    if T.get_thread_binding() == 0:
+        S[row, part, 0] = first
+        S[row, part, 1] = second
+    T.cluster_sync()
+
+
 def row_store(plan: RowPlan, dtype: str):
     """Where a lane keeps its row between passes: float32 registers, the block's shared memory
     in the input dtype (the row at its storage size), or nowhere (None: read X again)."""
