@@ -5,7 +5,7 @@ same-run copy of the op's bytes.
 The plan constants in `tileops_cuda.rows` are read off this table. cluster_row candidates split
 the row over clusters of 2, 4, 8 or (beyond the portable sizes) 16 blocks of 256 to 1024
 threads, each block keeping a 16-128 KB slice; block_row and smem_row candidates give the row
-128 to 1024 threads. LayerNorm's and softmax's shared-memory candidates also run with their
+128 to 1024 threads. LayerNorm's shared-memory candidates run with and without their
 statistics gathered while the row loads (`RowPlan.one_pass`). Every candidate runs at the
 occupancy `with_occupancy` gives it.
 The `triton` layout sweeps the Triton programs (`tileops_triton.rows`): the whole row in one
@@ -45,12 +45,12 @@ TRITON_FUSED_MAX = 65536
 
 
 def plans(layout: str, op: str, call: Any) -> list[Any]:
-    """The candidate plans of `layout` for `call`; LayerNorm's and softmax's shared-memory plans
-    also with one-pass statistics."""
+    """The candidate plans of `layout` for `call`; LayerNorm's shared-memory plans with and
+    without one-pass statistics."""
     import dataclasses
 
     found = cluster_plans(call) if layout == "cluster_row" else block_plans(layout, call)
-    if op in ("layer_norm", "softmax"):
+    if op == "layer_norm":
         found += [dataclasses.replace(p, one_pass=True) for p in found
                   if p.hold == "shared" and p.vec > 1]  # fmt: skip
     return found

@@ -24,7 +24,7 @@ BN_CALLS = {
 GEMM_CALLS = {
     "tilelang_gemm": gemm_call(4096, 1001, 999, torch.float16),  # misaligned n and k
     "tilelang_gemm_hopper": gemm_call(4096, 4096, 4096, torch.bfloat16),
-    "tilelang_gemm_skinny": gemm_call(1, 4096, 4096, torch.bfloat16),  # split k: two kernels
+    "tilelang_gemm_skinny": gemm_call(16, 4096, 4096, torch.bfloat16),  # split k: two kernels
 }
 CALLS = {BatchNormFwdOp: BN_CALLS, GemmOp: GEMM_CALLS}
 CASES = [
@@ -89,17 +89,17 @@ def test_hopper_gemm_uses_tma_and_wgmma(tilelang_cache):
 
 
 def test_hopper_gemm_smem_epilogue_stores_c_with_tma(tilelang_cache):
-    """Tile.smem_epilogue (gemm_tiles_h200.py measures it): C staged in shared memory and
-    stored by TMA; its 64 KB tile takes one of the four pipeline stages' room."""
+    """The Hopper tile stages C in shared memory and stores it by TMA (Tile.smem_epilogue);
+    its 64 KB C tile takes one of the four pipeline stages' room."""
     from dataclasses import replace
 
     from tileops_cuda.compile import build_program
 
     call = GEMM_CALLS["tilelang_gemm_hopper"]
     with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
-        direct = gemm.GemmHopper.plan(call)
-        staged = gemm._with_stages(replace(direct, smem_epilogue=True), call, 64)
-    assert (direct.stages, staged.stages) == (4, 3)
+        staged = gemm.GemmHopper.plan(call)
+        direct = gemm._with_stages(replace(staged, smem_epilogue=False), call, 64)
+    assert staged.smem_epilogue and (direct.stages, staged.stages) == (4, 3)
     stores = []
     for tile in (direct, staged):
         factory = lambda t=tile: gemm.gemm_program(call, t, True)  # noqa: E731
@@ -109,19 +109,15 @@ def test_hopper_gemm_smem_epilogue_stores_c_with_tma(tilelang_cache):
 
 
 def test_skinny_gemm_fixup_is_one_kernel_that_counts_arrivals(tilelang_cache):
-    """SkinnyPlan.fixup (the tile sweep's option): the split-k sum moves into the skinny
-    kernel, behind a per-column-tile arrival counter, so no reduce kernel is built."""
-    from dataclasses import replace
-
-    from tileops_cuda.compile import build_program
-
-    call = GEMM_CALLS["tilelang_gemm_skinny"]
+    """At m = 1 the split-k sum moves into the skinny kernel (SkinnyPlan.fixup), behind a
+    per-column-tile arrival counter, so no reduce kernel is built; from m = 2 it does not."""
+    call = gemm_call(1, 4096, 4096, torch.bfloat16)
     with simulate_device("cuda:0", arch=80, **SIMULATED[80]):
-        plan = replace(gemm.skinny_plan(call), fixup=True)
-    assert plan.splits > 1
-    program = build_program(f"test/fixup/{plan}", lambda: gemm.skinny_program(call, plan), 80,
-                            pass_configs=gemm.MMA_SYNC_ONLY)  # fmt: skip
-    source = program.get_kernel_source()
+        plan = gemm.skinny_plan(call)
+        assert not gemm.skinny_plan(gemm_call(2, 4096, 4096, torch.bfloat16)).fixup
+    assert plan.fixup and plan.splits > 1
+    _, kernel = build(gemm.GemmSkinny, call, 80)
+    (source,) = sources(kernel)
     assert "AtomicAddRet" in source and ", 4);" in source  # acq_rel: release P, acquire others'
     assert "Count[((int)blockIdx.x)] = 0" in source  # reset for the next call
 

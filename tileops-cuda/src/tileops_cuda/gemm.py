@@ -55,6 +55,10 @@ SWIZZLE_PANEL = 8
 # against 55% for the earlier 4 blocks of 64 x 128).
 SKINNY_BLOCKS_PER_SM = 1
 MIN_K_TILES_PER_SPLIT = 4
+# Up to this m a split k is summed by the fixup (SkinnyPlan.fixup): at m = 1 it beat the
+# second kernel by 3-10% (n = k = 4096: 59-61% of copy against 54-55%; 8192: 78% against 74%),
+# while at m = 16 and 64 the last block's serial sum of every split cost more than a launch.
+SKINNY_FIXUP_MAX_M = 1
 REDUCE_THREADS = 256
 # TileLang lowerings that would pick wgmma and warp specialization on sm_90: off for the
 # sm_80-style kernels, which build for plain sm_90 (their copies also say `disable_tma`: they
@@ -89,10 +93,13 @@ class Tile:
 # Hopper: 128-row tiles run two consumer warpgroups (64 rows each, one wgmma m64nNk16 apiece);
 # TileLang adds a producer warpgroup that issues the TMA loads. 64-deep k: a 128-byte row.
 # FullRow: each consumer warpgroup takes whole rows (64 x block_n, CUTLASS's split), measured
-# 4% faster than Square at 4096^3 and 8192^3 with four stages (gemm_tiles_h200.py).
+# 4% faster than Square at 4096^3 and 8192^3 with four stages (gemm_tiles_h200.py). C staged
+# in shared memory and stored in bulk: 128 x 256 at 4096^3 0.88x torch.matmul against 0.83x
+# for the fragment's own stores (8192^3: 1.00x against 0.96x), 128 x 128 0.82x against 0.75x,
+# though the C tile costs 128 x 256 a pipeline stage (3 left).
 HOPPER_TILES = (
-    Tile(128, 256, 64, 256, policy="FullRow"),
-    Tile(128, 128, 64, 256, policy="FullRow"),
+    Tile(128, 256, 64, 256, policy="FullRow", smem_epilogue=True),
+    Tile(128, 128, 64, 256, policy="FullRow", smem_epilogue=True),
     Tile(64, 128, 64, 128, policy="FullRow"),
 )
 # sm_80 style (mma.sync + cp.async): TileLang's Ampere example tiles, 32-deep k.
@@ -141,8 +148,7 @@ def _with_stages(tile: Tile, call: GemmCall, k_tiles: int) -> Tile:
 class SkinnyPlan:
     """Skinny tiling: row tile block_m (m's bucket), `splits` slices of `k_tiles` k tiles.
     `fixup`: one launch for a split k, the last block of each column tile to finish summing
-    the partials (a counter per column tile tells it), instead of a second kernel (an option
-    gemm_tiles_h200.py measures)."""
+    the partials (a counter per column tile tells it), instead of a second kernel."""
 
     tile: Tile
     splits: int
@@ -166,7 +172,9 @@ def skinny_plan(
     splits = max(1, min(wanted, k_tiles // MIN_K_TILES_PER_SPLIT))
     per_split = _ceil_div(k_tiles, splits)
     tile = Tile(block_m, block_n, block_k, SKINNY_THREADS)
-    return SkinnyPlan(_with_stages(tile, call, per_split), _ceil_div(k_tiles, per_split), per_split)
+    splits = _ceil_div(k_tiles, per_split)
+    fixup = splits > 1 and call.m <= SKINNY_FIXUP_MAX_M
+    return SkinnyPlan(_with_stages(tile, call, per_split), splits, per_split, fixup)
 
 
 def dtype_refusal(call: GemmCall) -> str | None:
@@ -298,7 +306,8 @@ class GemmHopper(_Gemm):
 
 class GemmSkinny(_Gemm):
     """m <= 64 (decode): a weight-streaming split-K kernel, n in 64-column tiles and k split
-    over blocks, float32 partials summed by a second kernel; one kernel when k is not split."""
+    over blocks, float32 partials summed by a second kernel, or at m = 1 by the last block of
+    each column tile (the fixup); one kernel when k is not split."""
 
     supported_archs = AMPERE_AND_LATER
     preferred_over = frozenset({"tilelang_gemm", "tilelang_gemm_hopper"})
@@ -318,7 +327,7 @@ class GemmSkinny(_Gemm):
     @classmethod
     def programs(cls, call: GemmCall) -> list[tuple[int, Any]]:
         plan = skinny_plan(call)
-        if plan.splits == 1:
+        if plan.splits == 1 or plan.fixup:
             return [(0, lambda: skinny_program(call, plan))]
         return [(0, lambda: skinny_program(call, plan)), (1, lambda: reduce_program(call, plan))]
 

@@ -66,6 +66,10 @@ class LayerNormStreamRow(StreamRow, _LayerNorm):
 class LayerNormClusterRow(ClusterRow, _LayerNorm):
     """Long rows on sm_90: a slice per block of a cluster, (sum, M2) of the slices merged."""
 
+    # Statistics while the slice loads: 2-4 points of copy over a second pass through shared
+    # memory at 64K-256K elements, bf16 and float32 (row_plans_cluster_row, 2026-11-29).
+    cluster_one_pass = True
+
     @classmethod
     def cluster_threads(cls, dtype: torch.dtype) -> int:
         # 16-bit rows: 256 threads beat 512 by about 8 points of copy bandwidth at 64K-256K
@@ -152,17 +156,20 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
             t = T.alloc_local((vec,), "float32")
             s1 = T.alloc_var("float32", init=0.0)
             s2 = T.alloc_var("float32", init=0.0)
-            # Shifted sums keep E[x^2] - E[x]^2 from cancelling; one block per streamed row.
-            # The shift is the row's first element, read as the first vector (every lane the
-            # same one): a scalar read of X beside vector reads of it makes TileLang 0.1.15's
-            # StorageRewrite fail for some lengths (n = 32768, 49152, ... in float32).
+            # Shifted sums keep E[x^2] - E[x]^2 from cancelling. Each lane shifts by its own
+            # first element, so an outlier cancels against a lane's few values only, not the
+            # row's (a row-wide shift at x[0] = 1000 lost 0.5% of a 64K row's variance). It
+            # is read as a vector: a scalar read of X beside vector reads of it makes TileLang
+            # 0.1.15's StorageRewrite fail for some lengths (n = 32768, 49152, ... in float32).
             shift = T.alloc_var("float32", init=0.0)
-            if shifted and row < m:
-                tiles.reload(X, store, first_vector, row, 0, 0, t)
+            counted = T.alloc_var("float32", init=0.0)  # elements this lane summed
+            if shifted and row < m and (exact or base + lane * vec < n):
+                tiles.reload(X, store, first_vector, row, lane, 0, t, base)
                 shift = t[0]
             for k in tiles.chunk_loop(plan):
                 if row < m and (exact or base + (k * lanes + lane) * vec < n):
                     tiles.load(X, store, plan, row, lane, k, t, base)
+                    counted += vec
                     for v in T.unroll(vec):
                         if kind == "rms":
                             s1 += t[v] * t[v]
@@ -180,35 +187,27 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
                 var = var / n
             elif kind == "rms":
                 var = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane) / n
-            elif shifted:  # sums of x - shift and its square; a cluster's slices just add
-                a = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
-                b = tiles.reduce_group(s2, "sum", plan, scratch, 1, lane)
-                if cluster > 1:
-                    tiles.share_partials(S, row, part, a, b)
-                    mean = 0.0
-                    var = 0.0
-                    for p in T.unroll(cluster):
-                        mean += S[row, p, 0]
-                        var += S[row, p, 1]
-                else:
-                    mean = a
-                    var = b
-                mean = mean / n
-                var = T.max(var / n - mean * mean, 0.0)
-                mean = shift + mean
-            else:  # the block's mean, then squared deviations from it: its slice's (sum, M2)
-                total = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
-                if cluster > 1:
+            else:  # the block's (sum, M2) of its slice
+                total = T.alloc_var("float32", init=0.0)
+                spread = T.alloc_var("float32", init=0.0)
+                if shifted:  # Chan's merge of the lanes' (count, mean, M2)
+                    lane_count = T.max(counted, 1.0)
+                    lane_mean = shift + s1 / lane_count
+                    total = tiles.reduce_group(counted * shift + s1, "sum", plan, scratch, 0, lane)
                     mean = total / T.Cast("float32", T.max(held, 1))
-                else:
-                    mean = total / n
-                s2 = 0.0
-                for k in tiles.chunk_loop(plan):
-                    if row < m and (exact or base + (k * lanes + lane) * vec < n):
-                        tiles.reload(X, store, plan, row, lane, k, t, base)
-                        for v in T.unroll(vec):
-                            s2 += (t[v] - mean) * (t[v] - mean)
-                spread = tiles.reduce_group(s2, "sum", plan, scratch, 1, lane)
+                    gap = lane_mean - mean
+                    lane_m2 = s2 - s1 * s1 / lane_count + counted * gap * gap
+                    spread = tiles.reduce_group(lane_m2, "sum", plan, scratch, 1, lane)
+                else:  # the mean, then squared deviations from it
+                    total = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
+                    mean = total / T.Cast("float32", T.max(held, 1))
+                    s2 = 0.0
+                    for k in tiles.chunk_loop(plan):
+                        if row < m and (exact or base + (k * lanes + lane) * vec < n):
+                            tiles.reload(X, store, plan, row, lane, k, t, base)
+                            for v in T.unroll(vec):
+                                s2 += (t[v] - mean) * (t[v] - mean)
+                    spread = tiles.reduce_group(s2, "sum", plan, scratch, 1, lane)
                 var = spread / n
                 if cluster > 1:  # Chan's merge of the slices' (count, mean, M2)
                     tiles.share_partials(S, row, part, total, spread)

@@ -13,7 +13,7 @@ between its reduction and its output pass decides the layout:
 | block_row  | registers of one block     | one            | up to REGISTER_ROW_MAX (16384)   |
 | smem_row   | shared memory of one block | one            | longer rows within the smem budget |
 | stream_row | nowhere: read twice        | one            | every longer row                 |
-| cluster_row| shared memory of a cluster | 1/2 .. 1/8     | long rows on sm_90 (see below)   |
+| cluster_row| shared memory of a cluster | 1/2 .. 1/16    | long rows on sm_90 (see below)   |
 
 cluster_row splits a row over a thread-block cluster (sm_90): each block keeps a slice of at
 most CLUSTER_SLICE_BYTES in shared memory, so even 256K-element rows are read once and several
@@ -81,12 +81,16 @@ REDUCE_SCRATCH_BYTES = 1024
 # Archs the kernels are compiled and checked for; nothing in them needs more than sm_80.
 AMPERE_AND_LATER = frozenset({80, 86, 89, 90})
 CLUSTER_ARCHS = frozenset({90})  # thread-block clusters: sm_90 and later
-# cluster_row: portable cluster sizes, threads per block, and the slice a block keeps (three
-# such blocks fit an sm_90 multiprocessor's shared memory). A row too long for 8 such slices
-# takes larger ones, one block per SM, and then the most threads (best in the plan sweep).
-CLUSTER_SIZES = (2, 4, 8)
+# cluster_row: cluster sizes, threads per block, and the slice a block keeps (three such
+# blocks fit an sm_90 multiprocessor's shared memory). 16 is beyond the portable sizes (the
+# launcher sets the non-portable attribute): at 1 MB float32 rows its 64 KB slices reached
+# 78-83% of copy against 71-80% for 8 slices of 128 KB (row_plans_cluster_row, 2026-11-29).
+# A row too long for 16 such slices takes larger ones on a portable cluster, one block per SM,
+# and then the most threads (best in the plan sweep).
+CLUSTER_SIZES = (2, 4, 8, 16)
 CLUSTER_THREADS = 512
 CLUSTER_SLICE_BYTES = 64 * 1024
+CLUSTER_LONE_SIZE = 8
 CLUSTER_LONE_BLOCK_THREADS = MAX_THREADS
 # smem_row beat cluster_row on rows up to this many elements: cluster_row starts beyond it.
 SMEM_ROW_OVER_CLUSTER_MAX = 32768
@@ -97,12 +101,11 @@ class RowPlan:
     """Threads of one row: `lanes` threads per row, `rows` rows per block, `chunks` vectors of
     `vec` elements per lane; `hold` is where the row waits: registers, shared or nowhere.
     `blocks_per_sm` is the residency the compiler must leave registers for (launch bounds);
-    `cluster` blocks share one row, a slice each (cluster_row). `one_pass`: the statistics are
-    gathered while the row loads, as stream_row always does, with no pass over shared memory
-    before the output (an option the plan sweep measures for the shared-memory layouts):
-    LayerNorm sums x and x^2 shifted by the row's first element instead of taking the mean and
-    then the squared deviations from it; softmax keeps a running max and a sum rescaled to it,
-    per vector, instead of the max and then a pass for the sum."""
+    `cluster` blocks share one row, a slice each (cluster_row). `one_pass`: LayerNorm gathers
+    its statistics while the row loads, as stream_row always does, with no pass over shared
+    memory before the output: each lane sums x and x^2 shifted by its own first element, and
+    the lanes' (count, mean, M2) merge as Chan's. (A softmax running max per vector measured
+    slower than its two passes at every length, so softmax has no such option.)"""
 
     hold: str
     rows: int
@@ -175,7 +178,7 @@ def cluster_row_plan(
     n: int, dtype: torch.dtype, smem_budget: int, threads: int = CLUSTER_THREADS
 ) -> RowPlan | None:
     """The smallest cluster of `threads`-thread blocks whose slices fit CLUSTER_SLICE_BYTES,
-    else the largest cluster of CLUSTER_LONE_BLOCK_THREADS-thread blocks if its slices fit the
+    else CLUSTER_LONE_SIZE blocks of CLUSTER_LONE_BLOCK_THREADS threads if their slices fit the
     budget; None when no cluster holds the row."""
     vec = vector_width(n, dtype)
     for size in CLUSTER_SIZES:
@@ -184,8 +187,8 @@ def cluster_row_plan(
         if plan.slice * ITEMSIZE[dtype] <= CLUSTER_SLICE_BYTES:
             return plan
     lanes = CLUSTER_LONE_BLOCK_THREADS
-    chunks = _ceil_div(n, CLUSTER_SIZES[-1] * lanes * vec)
-    plan = RowPlan("shared", 1, lanes, vec, chunks, cluster=CLUSTER_SIZES[-1])
+    chunks = _ceil_div(n, CLUSTER_LONE_SIZE * lanes * vec)
+    plan = RowPlan("shared", 1, lanes, vec, chunks, cluster=CLUSTER_LONE_SIZE)
     return plan if plan_smem_bytes(plan, dtype) <= smem_budget else None
 
 
@@ -246,6 +249,8 @@ class RowKernel(Kernel):
             plan = cluster_row_plan(
                 call.n, call.dtype, call.smem_budget, cls.cluster_threads(call.dtype)
             )
+            one_pass = cls.cluster_one_pass and plan.vec > 1  # see norm_program's `shifted`
+            plan = dataclasses.replace(plan, one_pass=one_pass)
         else:
             hold = "shared" if cls.layout == "smem_row" else "none"
             plan = long_row_plan(call.n, call.dtype, hold)
@@ -341,6 +346,9 @@ class ClusterRow:
         {"tilelang_stream_row", "tilelang_smem_row"}
     )
 
+    # Whether the family gathers a slice's statistics while it loads (RowPlan.one_pass).
+    cluster_one_pass: ClassVar[bool] = False
+
     @classmethod
     def cluster_threads(cls, dtype: torch.dtype) -> int:
         """Threads per block while slices fit CLUSTER_SLICE_BYTES; a family may differ."""
@@ -358,7 +366,7 @@ class ClusterRow:
         if refusal or cluster_row_plan(call.n, call.dtype, call.smem_budget, threads):
             return refusal
         return (
-            f"a row of n={call.n} {DTYPE_NAMES[call.dtype]} split over {CLUSTER_SIZES[-1]} "
+            f"a row of n={call.n} {DTYPE_NAMES[call.dtype]} split over {CLUSTER_LONE_SIZE} "
             f"blocks needs more than this device's {call.smem_budget} bytes of shared memory "
             "per block; stream_row serves it"
         )

@@ -71,9 +71,9 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
     lanes, vec = plan.lanes, plan.vec
     exact = plan.padded == n
     cluster, size = plan.cluster, plan.slice
-    # One pass for max and sum, rescaling the sum as the max grows: streamed rows element by
-    # element, one-pass shared plans (RowPlan.one_pass) a vector at a time (fewer rescales).
-    online = plan.hold == "none" or plan.one_pass
+    # Streamed rows take max and sum in one pass, rescaling the sum as the max grows (a
+    # second read of X costs more than the rescales); held rows take the max, then the sum.
+    online = plan.hold == "none"
     ninf = tiles.NEG_INF
     m = T.dynamic("m")
 
@@ -94,24 +94,13 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
             for k in tiles.chunk_loop(plan):
                 if row < m and (exact or base + (k * lanes + lane) * vec < n):
                     tiles.load(X, store, plan, row, lane, k, t, base)
-                    if plan.one_pass:
-                        grown = T.alloc_var("float32", init=top)
-                        for v in T.unroll(vec):
-                            grown = T.max(grown, t[v])
-                        total = total * tiles.exp_gap(top, grown)
-                        for v in T.unroll(vec):
-                            total += tiles.exp_gap(t[v], grown)
-                        top = grown
-                    else:
-                        for v in T.unroll(vec):
-                            if online:
-                                grown = T.max(top, t[v])
-                                total = total * tiles.exp_gap(top, grown) + tiles.exp_gap(
-                                    t[v], grown
-                                )
-                                top = grown
-                            else:
-                                top = T.max(top, t[v])
+                    for v in T.unroll(vec):
+                        if online:
+                            grown = T.max(top, t[v])
+                            total = total * tiles.exp_gap(top, grown) + tiles.exp_gap(t[v], grown)
+                            top = grown
+                        else:
+                            top = T.max(top, t[v])
             row_max = tiles.reduce_group(top, "max", plan, scratch, 0, lane)
             if online:
                 total = total * tiles.exp_gap(top, row_max)

@@ -57,7 +57,7 @@ class TritonLayerNorm(Kernel, LayerNormInterface):
         return identity, lambda: cls(*identity)
 
     def __init__(self, n: int, eps: float) -> None:
-        self.plan = row_plan(n)
+        self.plan = row_plan(n, "layer_norm")
         self.eps = eps
 
     def forward(
@@ -97,7 +97,7 @@ class TritonRMSNorm(Kernel, RMSNormInterface):
         return identity, lambda: cls(*identity)
 
     def __init__(self, n: int, eps: float) -> None:
-        self.plan = row_plan(n)
+        self.plan = row_plan(n, "rms_norm")
         self.eps = eps
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:

@@ -41,7 +41,7 @@ class TritonSoftmax(Kernel, SoftmaxInterface):
         return (call.n,), lambda: cls(call.n)
 
     def __init__(self, n: int) -> None:
-        self.plan = row_plan(n)
+        self.plan = row_plan(n, "softmax")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(x)
