@@ -22,8 +22,8 @@ DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # vector width (odd lengths).
 LENGTHS = {
     "warp_rows": (1, 7, 100, 1024),
-    "block_row": (1025, 2048, 8192, 16384),
-    "smem_row": (16385, 32768, 65536),
+    "block_row": (1025, 2048, 8192, 16384, 32768),
+    "smem_row": (16385, 32768, 40001, 65536),
     "stream_row": (65536, 262147),
     "cluster_row": (32769, 65536, 262147),
 }

@@ -18,7 +18,7 @@ from tileops.testing import simulate_device
 REPRESENTATIVE = {
     "warp_rows": (1000, torch.bfloat16),
     "block_row": (16383, torch.float16),
-    "smem_row": (32767, torch.float32),
+    "smem_row": (40001, torch.float32),
     "stream_row": (262144, torch.bfloat16),
     "cluster_row": (262147, torch.float32),
 }
@@ -80,9 +80,17 @@ def test_mixed_precision_norms_read_float32_weights(op, cls, tilelang_cache):
     assert "float* __restrict__" in source and "bfloat16_t* __restrict__" in source
 
 
-@pytest.mark.parametrize(
-    "n,dtype", [(32768, torch.float32), (49152, torch.float32), (65535, torch.bfloat16)]
-)
+def test_wide_block_row_keeps_64_float32_values_a_lane(tilelang_cache):
+    """32-bit rows of 16K-32K elements stay in registers: 512 lanes of 16 vectors."""
+    call = make_call("SoftmaxFwdOp", 32768, torch.float32)
+    with simulate_device("cuda:0", arch=80, sm_count=108, smem_budget=SMEM_BUDGET[80]):
+        cls = tileops_cuda.softmax.SoftmaxBlockRow
+        assert cls.refusal(call) is None
+        kernel = cls.entry_for(call)[1]()
+    assert "__launch_bounds__(512, 1)" in kernel.compiled.get_kernel_source()
+
+
+@pytest.mark.parametrize("n,dtype", [(49152, torch.float32), (65535, torch.bfloat16)])
 def test_streamed_layer_norm_lengths_tilelang_once_rejected_compile(n, dtype, tilelang_cache):
     """Lengths where TileLang 0.1.15's StorageRewrite failed ("Can't fetch the lanes of a
     scalable vector"): sm_80 streams them (they exceed its shared memory or are odd)."""

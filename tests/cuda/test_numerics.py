@@ -157,8 +157,9 @@ def test_layer_norm_one_pass_statistics(key, n, dtype, offset):
 @pytest.mark.parametrize("key,n", ONE_PASS_LAYOUTS)
 def test_layer_norm_one_pass_statistics_survive_an_outlier_first(key, n):
     """Each lane shifts by its own first element: with the row's first element as the one
-    shift, x[0] = 1000 among unit values cancelled 0.5% of the variance away in float32."""
+    shift, x[0] = 1000 among unit values cancelled 0.5% of the variance away in float32
+    (1.5e-3 relative error in y; float32's own rounding of y - mean is near 1e-5 here)."""
     kernel = _one_pass_layer_norm(key, n, torch.float32)
     (x, w, b), reference = _inputs("LayerNormFwdOp", n, torch.float32)
     x[:, 0] = 1000.0
-    assert _rel_err(kernel(x, w, b), reference(x, w, b)) < TOLERANCE[torch.float32]
+    assert _rel_err(kernel(x, w, b), reference(x, w, b)) < 5e-5

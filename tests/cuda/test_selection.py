@@ -36,18 +36,19 @@ EXPECTED = [
     (1, torch.float32, 90, "tilelang_warp_rows"),
     (1024, torch.bfloat16, 80, "tilelang_warp_rows"),
     (1025, torch.bfloat16, 80, "tilelang_block_row"),
-    (16384, torch.float32, 90, "tilelang_block_row"),
-    (16385, torch.float32, 90, "tilelang_smem_row"),
-    (32768, torch.float32, 90, "tilelang_smem_row"),  # SMEM_ROW_OVER_CLUSTER_MAX
+    (16384, torch.bfloat16, 90, "tilelang_block_row"),
+    (16385, torch.bfloat16, 90, "tilelang_smem_row"),
+    (32768, torch.bfloat16, 90, "tilelang_smem_row"),  # 64 KB: SMEM_ROW_OVER_CLUSTER_BYTES
+    (32768, torch.float32, 90, "tilelang_block_row"),  # 32-bit rows: WIDE_REGISTER_ROW_MAX
     (32769, torch.float32, 90, "tilelang_cluster_row"),
     (57000, torch.float32, 80, "tilelang_stream_row"),  # 228000 bytes of 166912
     (57000, torch.float32, 90, "tilelang_cluster_row"),  # would fit smem_row: 228000 bytes
-    (65536, torch.bfloat16, 90, "tilelang_cluster_row"),
     (65536, torch.bfloat16, 80, "tilelang_smem_row"),
     (65536, torch.bfloat16, 86, "tilelang_stream_row"),  # 99 KB budget
     (81920, torch.float16, 80, "tilelang_smem_row"),  # 160 KB of 163 KB
     (90000, torch.float16, 80, "tilelang_stream_row"),
-    (32768, torch.float32, 80, "tilelang_smem_row"),
+    (32768, torch.float32, 80, "tilelang_block_row"),
+    (32769, torch.float32, 80, "tilelang_smem_row"),
     (65536, torch.float32, 90, "tilelang_cluster_row"),  # 256 KB
     (262144, torch.bfloat16, 90, "tilelang_cluster_row"),
     (262144, torch.float32, 90, "tilelang_cluster_row"),  # 8 slices of 128 KB
@@ -59,6 +60,15 @@ EXPECTED = [
 @pytest.mark.parametrize("n,dtype,arch,key", EXPECTED)
 def test_region_edges(name, n, dtype, arch, key):
     assert key_for(name, n, dtype, arch) == key
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_rms_norm_keeps_rows_of_up_to_128_kb_on_smem_row(name):
+    """RMSNorm's lone smem_row block per SM beat its cluster at 64K bfloat16; the others'
+    clusters start beyond 64 KB."""
+    cluster_from = 65537 if name == "RMSNormFwdOp" else 32769
+    assert key_for(name, cluster_from - 1, torch.bfloat16, 90) == "tilelang_smem_row"
+    assert key_for(name, cluster_from, torch.bfloat16, 90) == "tilelang_cluster_row"
 
 
 def _log_grid() -> list[int]:
@@ -81,7 +91,7 @@ def test_every_length_is_served(name, arch):
 
 def test_declarations():
     # Preferences only where regions overlap: smem_row and cluster_row (sm_90 only) inside
-    # stream_row's, cluster_row over smem_row on the rows beyond 32768 both serve.
+    # stream_row's, cluster_row over smem_row on the rows beyond 64 KB (128 KB) both serve.
     preferred = {
         "smem_row": {"tilelang_stream_row"},
         "cluster_row": {"tilelang_stream_row", "tilelang_smem_row"},
@@ -105,7 +115,8 @@ def test_declarations():
         ("block_row", 2048, torch.bfloat16, 256, 1),
         ("block_row", 16383, torch.float16, 1024, 16),  # odd: 1-element vectors, 1024 lanes
         ("smem_row", 32768, torch.bfloat16, 256, 16),  # 64 KB: three blocks share an SM
-        ("smem_row", 32768, torch.float32, 1024, 8),  # 128 KB: one block per SM
+        ("smem_row", 65536, torch.bfloat16, 1024, 8),  # 128 KB: one block per SM
+        ("block_row", 32768, torch.float32, 512, 16),  # 32-bit rows beyond 16K: 16 vectors
     ],
 )
 def test_single_block_plans(layout, n, dtype, lanes, chunks):
@@ -146,7 +157,7 @@ def test_cluster_row_refuses_rows_no_cluster_holds_and_rows_smem_row_serves_fast
         assert "stream_row serves it" in cls.refusal(too_long)
         assert "fits in registers" in cls.refusal(make_call("SoftmaxFwdOp", 16384, torch.float32))
         short = make_call("SoftmaxFwdOp", 32768, torch.bfloat16)
-        assert "smem_row measured faster on n=32768" in cls.refusal(short)
+        assert "smem_row measured faster on n=32768 bfloat16" in cls.refusal(short)
         long = make_call("SoftmaxFwdOp", 32769, torch.bfloat16)
         assert cls.refusal(long) is None
         explanation = _op("SoftmaxFwdOp").explain(INTERFACE["SoftmaxFwdOp"], long)

@@ -114,6 +114,10 @@ class RMSNormStreamRow(StreamRow, _RMSNorm):
 class RMSNormClusterRow(ClusterRow, _RMSNorm):
     """Long rows on sm_90: a slice per block of a cluster, the slices' sums of squares added."""
 
+    # smem_row's lone block per SM still reached 91-93% of copy at 64K bfloat16 (128 KB)
+    # against 88% here (norms_nvidia_h200.md and row_plans_smem_row_triton, 2026-11-29).
+    smem_row_over_cluster_bytes = 128 * 1024
+
 
 # -- TileLang programs -----------------------------------------------------------------------
 
@@ -156,16 +160,22 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
             t = T.alloc_local((vec,), "float32")
             s1 = T.alloc_var("float32", init=0.0)
             s2 = T.alloc_var("float32", init=0.0)
-            # Shifted sums keep E[x^2] - E[x]^2 from cancelling. Each lane shifts by its own
-            # first element, so an outlier cancels against a lane's few values only, not the
-            # row's (a row-wide shift at x[0] = 1000 lost 0.5% of a 64K row's variance). It
-            # is read as a vector: a scalar read of X beside vector reads of it makes TileLang
-            # 0.1.15's StorageRewrite fail for some lengths (n = 32768, 49152, ... in float32).
+            # Shifted sums keep E[x^2] - E[x]^2 from cancelling: each lane sums x - own, its
+            # own first element, so an outlier cancels against that lane's few values only (one
+            # shift for the whole row, x[0] = 1000 among unit values lost 0.5% of a 64K row's
+            # variance); the lanes' means merge relative to the row's first element, `shift`,
+            # so rows far from zero keep their mean's low bits. Both are read as vectors: a
+            # scalar read of X beside vector reads of it makes TileLang 0.1.15's
+            # StorageRewrite fail for some lengths (n = 32768, 49152, ... in float32).
             shift = T.alloc_var("float32", init=0.0)
+            own = T.alloc_var("float32", init=0.0)
             counted = T.alloc_var("float32", init=0.0)  # elements this lane summed
-            if shifted and row < m and (exact or base + lane * vec < n):
-                tiles.reload(X, store, first_vector, row, lane, 0, t, base)
+            if shifted and row < m:
+                tiles.reload(X, store, first_vector, row, 0, 0, t)
                 shift = t[0]
+                if exact or base + lane * vec < n:
+                    tiles.reload(X, store, first_vector, row, lane, 0, t, base)
+                    own = t[0]
             for k in tiles.chunk_loop(plan):
                 if row < m and (exact or base + (k * lanes + lane) * vec < n):
                     tiles.load(X, store, plan, row, lane, k, t, base)
@@ -174,8 +184,8 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
                         if kind == "rms":
                             s1 += t[v] * t[v]
                         else:
-                            s1 += t[v] - shift
-                            s2 += (t[v] - shift) * (t[v] - shift)
+                            s1 += t[v] - own
+                            s2 += (t[v] - own) * (t[v] - own)
             mean = T.alloc_var("float32", init=0.0)
             var = T.alloc_var("float32", init=0.0)
             if kind == "rms" and cluster > 1:
@@ -190,13 +200,13 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
             else:  # the block's (sum, M2) of its slice
                 total = T.alloc_var("float32", init=0.0)
                 spread = T.alloc_var("float32", init=0.0)
-                if shifted:  # Chan's merge of the lanes' (count, mean, M2)
+                if shifted:  # Chan's merge of the lanes' (count, mean - shift, M2)
                     lane_count = T.max(counted, 1.0)
-                    lane_mean = shift + s1 / lane_count
-                    total = tiles.reduce_group(counted * shift + s1, "sum", plan, scratch, 0, lane)
+                    offset = own - shift
+                    total = tiles.reduce_group(counted * offset + s1, "sum", plan, scratch, 0, lane)
                     mean = total / T.Cast("float32", T.max(held, 1))
-                    gap = lane_mean - mean
-                    lane_m2 = s2 - s1 * s1 / lane_count + counted * gap * gap
+                    lane_gap = offset + s1 / lane_count - mean
+                    lane_m2 = s2 - s1 * s1 / lane_count + counted * lane_gap * lane_gap
                     spread = tiles.reduce_group(lane_m2, "sum", plan, scratch, 1, lane)
                 else:  # the mean, then squared deviations from it
                     total = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
@@ -221,6 +231,7 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
                         gap = S[row, p, 0] / T.max(count, 1.0) - mean
                         var += S[row, p, 1] + count * gap * gap
                     var = var / n
+                mean = shift + mean  # shifted sums' mean is relative to the row's first element
             rstd = T.rsqrt(var + eps)
             for k in tiles.chunk_loop(plan):
                 col = base + (k * lanes + lane) * vec

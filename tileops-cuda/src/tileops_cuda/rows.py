@@ -10,7 +10,7 @@ between its reduction and its output pass decides the layout:
 | layout     | row held in                | rows per block | owns                             |
 |------------|----------------------------|----------------|----------------------------------|
 | warp_rows  | registers of <= 32 lanes   | several        | n <= SHORT_ROW_MAX (1024)        |
-| block_row  | registers of one block     | one            | up to REGISTER_ROW_MAX (16384)   |
+| block_row  | registers of one block     | one            | up to 16384 (32-bit: 32768)      |
 | smem_row   | shared memory of one block | one            | longer rows within the smem budget |
 | stream_row | nowhere: read twice        | one            | every longer row                 |
 | cluster_row| shared memory of a cluster | 1/2 .. 1/16    | long rows on sm_90 (see below)   |
@@ -20,13 +20,16 @@ most CLUSTER_SLICE_BYTES in shared memory, so even 256K-element rows are read on
 blocks share a multiprocessor (one loads while another reduces). Blocks exchange their partial
 statistics through a small global workspace across a cluster barrier.
 
-Where layouts overlap, the H200 decided (benchmarks/results/norms_nvidia_h200.md and the
-row_plans_*_nvidia_h200.md sweeps, which also set the plans' thread counts): smem_row wins up
-to SMEM_ROW_OVER_CLUSTER_MAX elements (one block keeps the whole row and no cluster barrier
-waits), so cluster_row starts beyond it and is preferred there (at 64K elements and more a lone
-smem_row block per SM stalls between its passes; cluster_row reached 70-90% of copy bandwidth
-where stream_row's second read held it near 62%); both win over stream_row. Should cluster_row
-be denied, smem_row still serves the rows it holds.
+Where layouts could overlap, the H200 decided (benchmarks/results/norms_nvidia_h200.md and
+the row_plans_*_nvidia_h200.md sweeps, which also set the plans' thread counts). 32-bit rows
+stay in registers up to 32768 elements: their smem_row blocks (over 64 KB) would hold an SM
+alone, and registers measured 4 points of copy faster there (LayerNorm 91 against 88, softmax
+96 against 91 at 32K float32). smem_row wins on rows of up to 64 KB (LayerNorm, softmax; 128 KB
+for RMSNorm, whose lone block per SM still beat the cluster by 3 points at 64K bfloat16): one
+block keeps the whole row and no cluster barrier waits. cluster_row starts beyond and is
+preferred there (longer rows leave a lone smem_row block per SM, stalled between its passes;
+cluster_row reached 77-90% of copy bandwidth where stream_row's second read held it near 62%);
+both win over stream_row. Should cluster_row be denied, smem_row still serves the rows it holds.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ REGISTER_VALUES = 16
 # float32, four of 16-bit types): beyond that one block per row has more lanes to spread over.
 SHORT_ROW_MAX = WARP * 32
 REGISTER_ROW_MAX = MAX_THREADS * REGISTER_VALUES
+# 32-bit rows stay in registers up to twice as long (module docstring): 512 lanes of 64 values.
+WIDE_REGISTER_ROW_MAX = 2 * REGISTER_ROW_MAX
 # block_row: a lane keeps up to 8 vectors (128 bytes of the row), and a block has at least 8
 # warps. At 16K 16-bit elements that is 256 threads and two blocks per SM: 1024 threads of 16
 # values each left one block per SM, idle between its passes (55-70% of copy against 94-97% in
@@ -92,8 +97,9 @@ CLUSTER_THREADS = 512
 CLUSTER_SLICE_BYTES = 64 * 1024
 CLUSTER_LONE_SIZE = 8
 CLUSTER_LONE_BLOCK_THREADS = MAX_THREADS
-# smem_row beat cluster_row on rows up to this many elements: cluster_row starts beyond it.
-SMEM_ROW_OVER_CLUSTER_MAX = 32768
+# smem_row beat cluster_row on rows of up to this many bytes: cluster_row starts beyond
+# (a family may differ: ClusterRow.smem_row_over_cluster_bytes).
+SMEM_ROW_OVER_CLUSTER_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -158,9 +164,11 @@ def warp_rows_plan(n: int, dtype: torch.dtype) -> RowPlan:
 
 def block_row_plan(n: int, dtype: torch.dtype) -> RowPlan:
     """The fewest threads (at least BLOCK_ROW_MIN_THREADS) that keep at most BLOCK_ROW_VECTORS
-    vectors each."""
+    vectors each, twice as many beyond REGISTER_ROW_MAX (32-bit rows: 512 threads of 64 values
+    beat 1024 of 32 by 1-5 points at 32K)."""
     vec = vector_width(n, dtype)
-    fewest = _pow2_ceil(_ceil_div(_ceil_div(n, vec), BLOCK_ROW_VECTORS))
+    vectors = BLOCK_ROW_VECTORS if n <= REGISTER_ROW_MAX else 2 * BLOCK_ROW_VECTORS
+    fewest = _pow2_ceil(_ceil_div(_ceil_div(n, vec), vectors))
     lanes = min(MAX_THREADS, max(BLOCK_ROW_MIN_THREADS, fewest))
     return RowPlan("registers", 1, lanes, vec, _ceil_div(n, lanes * vec))
 
@@ -348,6 +356,7 @@ class ClusterRow:
 
     # Whether the family gathers a slice's statistics while it loads (RowPlan.one_pass).
     cluster_one_pass: ClassVar[bool] = False
+    smem_row_over_cluster_bytes: ClassVar[int] = SMEM_ROW_OVER_CLUSTER_BYTES
 
     @classmethod
     def cluster_threads(cls, dtype: torch.dtype) -> int:
@@ -356,15 +365,18 @@ class ClusterRow:
 
     @classmethod
     def region_refusal(cls, call: Any) -> str | None:
-        if REGISTER_ROW_MAX < call.n <= SMEM_ROW_OVER_CLUSTER_MAX:
-            return (
-                f"cluster_row serves rows longer than {SMEM_ROW_OVER_CLUSTER_MAX} elements; "
-                f"smem_row measured faster on n={call.n}"
-            )
         refusal = long_row_refusal(call, cls.layout)
-        threads = cls.cluster_threads(call.dtype)
-        if refusal or cluster_row_plan(call.n, call.dtype, call.smem_budget, threads):
+        if refusal:
             return refusal
+        limit = cls.smem_row_over_cluster_bytes
+        if call.n * ITEMSIZE[call.dtype] <= limit and smem_row_refusal(call) is None:
+            return (
+                f"cluster_row serves rows over {limit // 1024} KB; smem_row measured faster "
+                f"on n={call.n} {DTYPE_NAMES[call.dtype]}"
+            )
+        threads = cls.cluster_threads(call.dtype)
+        if cluster_row_plan(call.n, call.dtype, call.smem_budget, threads):
+            return None
         return (
             f"a row of n={call.n} {DTYPE_NAMES[call.dtype]} split over {CLUSTER_LONE_SIZE} "
             f"blocks needs more than this device's {call.smem_budget} bytes of shared memory "
@@ -372,12 +384,18 @@ class ClusterRow:
         )
 
 
+def register_row_max(dtype: torch.dtype) -> int:
+    """The longest row block_row keeps in registers (module docstring)."""
+    return WIDE_REGISTER_ROW_MAX if ITEMSIZE[dtype] == 4 else REGISTER_ROW_MAX
+
+
 def long_row_refusal(call: Any, layout: str) -> str | None:
     """Refusal shared by the long-row layouts: short rows belong to the register layouts."""
-    if call.n <= REGISTER_ROW_MAX:
+    most = register_row_max(call.dtype)
+    if call.n <= most:
         return (
-            f"{layout} serves rows longer than {REGISTER_ROW_MAX} elements; n={call.n} fits in "
-            "registers (warp_rows / block_row)"
+            f"{layout} serves {DTYPE_NAMES[call.dtype]} rows longer than {most} elements; "
+            f"n={call.n} fits in registers (warp_rows / block_row)"
         )
     return None
 
@@ -397,7 +415,10 @@ def smem_row_refusal(call: Any) -> str | None:
 
 def register_row_refusal(call: Any, layout: str) -> str | None:
     """Refusal of warp_rows / block_row: each owns one band of row lengths."""
-    low, high = (0, SHORT_ROW_MAX) if layout == "warp_rows" else (SHORT_ROW_MAX, REGISTER_ROW_MAX)
+    if layout == "warp_rows":
+        low, high = 0, SHORT_ROW_MAX
+    else:
+        low, high = SHORT_ROW_MAX, register_row_max(call.dtype)
     if low < call.n <= high:
         return None
     return f"{layout} serves rows of {low + 1} to {high} elements, not n={call.n}"
