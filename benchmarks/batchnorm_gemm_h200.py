@@ -129,8 +129,9 @@ def bn_contenders(
         return F.batch_norm(x, params[2], params[3], params[0], params[1], training, MOMENTUM, EPS)
 
     contenders = {"cudnn": torch_bn}
-    if compiled:
-        contenders["torch.compile"] = torch.compile(torch_bn)
+    if compiled:  # a static graph per shape, as for a model of fixed shapes (no recompiles
+        torch._dynamo.reset()  # turning dynamic after the second shape, or past dynamo's limit)
+        contenders["torch.compile"] = torch.compile(torch_bn, dynamic=False)
     op = BatchNormFwdOp(c, EPS, MOMENTUM, training=training)
     contenders["tileops"] = lambda: op(x, *params)
     interface = "batch_norm_fwd_train" if training else "batch_norm_fwd_infer"

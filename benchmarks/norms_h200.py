@@ -128,6 +128,9 @@ def make_case(op: str, dtype: torch.dtype, n: int) -> Case:
     case = Case(op, str(dtype).replace("torch.", ""), n, model_bytes)
     case.contenders["copy"] = lambda: dst.copy_(src)
     case.contenders["eager"] = lambda: eager(*args)
+    # Each case compiles its own static graph: cases share `eager`'s code object, and past
+    # dynamo's recompile limit (8) it would run them eagerly under the compile label.
+    torch._dynamo.reset()
     compiled = torch.compile(eager, dynamic=False)
     case.contenders["compile"] = lambda: compiled(*args)
     liger = _liger(op)
