@@ -15,10 +15,12 @@ Triton or reference kernels serve it.
 Symbolic vs baked: n and k are the weight's shape and are baked in (static strides, exact tail
 masks, one build per layer); m, the tokens or batch, is symbolic, so one build serves every m
 that the tile rule maps to the same tiles. The skinny kernel bakes in its m bucket (16, 32 or
-64: its row tile) and the split of k, which follows from n, k and the device.
+64: its row tile; m = 1 apart, for its fixup) and the split of k, which follows from n, k and
+the device.
 
-Tile rules are rules over the device facts; their constants come from the H200 sweep in
-benchmarks/gemm_tiles_h200.py (results/gemm_tiles_nvidia_h200.md).
+Tile rules are rules over the device facts; their constants come from the H200 sweeps of
+benchmarks/gemm_tiles_h200.py (results/gemm_tiles_hopper_skinny_nvidia_h200.md, and
+results/gemm_tiles_skinny_nvidia_h200.md for the TMA copies).
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class Tile:
     """One block's tile: block_m x block_n of C, block_k deep per pipeline stage; `policy`
     names TileLang's GemmWarpPolicy (how the warps split the tile); `smem_epilogue` stages C
     through shared memory (one bulk store, TMA on sm_90a) instead of each thread storing its
-    fragment (an option gemm_tiles_h200.py measures)."""
+    fragment."""
 
     block_m: int
     block_n: int
