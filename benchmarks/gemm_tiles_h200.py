@@ -38,7 +38,7 @@ class Candidate:
     kind: str  # "hopper" or "skinny"
     shape: tuple[int, int, int]
     settings: tuple  # hopper: (block_m, block_n, block_k, stages, policy, epilogue); skinny:
-    # (block_n, block_k, blocks_per_sm, tma, fixup)
+    # (block_n, block_k, blocks_per_sm, fixup)
 
     @property
     def label(self) -> str:
@@ -52,12 +52,12 @@ def candidates() -> list[Candidate]:
     # C staged through shared memory and stored in bulk (the C tile takes one stage's room).
     hopper += [(128, 256, 64, 3, "FullRow", "smem"), (128, 128, 64, 4, "FullRow", "smem"),
                (256, 128, 64, 3, "FullCol", "smem")]  # fmt: skip
-    # TMA copies (tma True) trailed cp.async at every decode shape (results of 2026-11-29), so
-    # the sweep now varies the split-k fixup instead: one launch, the last block sums.
-    skinny = [(bn, bk, bps, False, fixup) for bn in (64, 128) for bk in (64, 128)
+    # TMA copies trailed cp.async at every decode shape (results/gemm_tiles_skinny_*), so the
+    # sweep varies how a split k is summed: a second kernel, or the fixup (the last block).
+    skinny = [(bn, bk, bps, fixup) for bn in (64, 128) for bk in (64, 128)
               for bps in (1, 2, 4) for fixup in (False, True)]  # fmt: skip
     # One kernel, no split of k (no partials, no second launch): narrow columns fill the grid.
-    skinny += [(32, bk, 0.5, False, False) for bk in (64, 128)]
+    skinny += [(32, bk, 0.5, False) for bk in (64, 128)]
     return [Candidate("hopper", shape, h) for shape in SQUARE for h in hopper] + [
         Candidate("skinny", shape, k) for shape in SKINNY for k in skinny
     ]
@@ -83,12 +83,10 @@ def build(candidate: Candidate) -> Any:
         program = build_program(name, lambda: gemm.gemm_program(call, tile, tma=True), 90,
                                  features="a")  # fmt: skip
         return gemm.GemmHopper(call, [program])
-    bn, bk, bps, tma, fixup = candidate.settings
+    bn, bk, bps, fixup = candidate.settings
     plan = replace(gemm.skinny_plan(call, bn, bk, bps), fixup=fixup)
-    options = {"features": "a", "pass_configs": {"tl.disable_wgmma": True}} if tma else {
-        "pass_configs": gemm.MMA_SYNC_ONLY}  # fmt: skip
-    programs = [build_program(f"{name}/0", lambda: gemm.skinny_program(call, plan, tma), 90,
-                              **options)]  # fmt: skip
+    programs = [build_program(f"{name}/0", lambda: gemm.skinny_program(call, plan), 90,
+                              pass_configs=gemm.MMA_SYNC_ONLY)]  # fmt: skip
     if plan.splits > 1 and not plan.fixup:
         programs.append(build_program(f"{name}/1", lambda: gemm.reduce_program(call, plan), 90))
     kernel = gemm.GemmSkinny(call, programs)
@@ -152,7 +150,7 @@ def main() -> None:
              f"{datetime.date.today()}, commit {os.environ.get('GIT_COMMIT', '?')}, torch "
              f"{torch.__version__}, bfloat16; medians of do_bench (L2 cleared), best of "
              f"{args.rounds}. Hopper settings: block_m block_n block_k stages policy "
-             "epilogue; skinny: block_n block_k blocks-per-SM tma fixup."]  # fmt: skip
+             "epilogue; skinny: block_n block_k blocks-per-SM fixup."]  # fmt: skip
     for shape in dict.fromkeys(c.shape for c in todo):
         lines += measure(shape, [c for c in todo if c.shape == shape], errors, args.rounds)
     out = Path(args.out)

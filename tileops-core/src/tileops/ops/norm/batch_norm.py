@@ -315,12 +315,11 @@ def _check_one_param_dtype(op: str, tensors: tuple[Tensor | None, ...]) -> None:
     if len({t.dtype for t in tensors[1:] if t is not None}) < 2:
         return
     given = [(n, t.dtype) for n, t in zip(PER_CHANNEL, tensors[1:], strict=True) if t is not None]
-    if len({dtype for _, dtype in given}) > 1:
-        listed = ", ".join(f"{n!r} {str(d).replace('torch.', '')}" for n, d in given)
-        raise OpInputError(
-            f"{op}(): the per-channel arguments mix dtypes ({listed}); pass them all in x's "
-            "dtype or all in float32 (as F.batch_norm requires)"
-        )
+    listed = ", ".join(f"{n!r} {str(d).replace('torch.', '')}" for n, d in given)
+    raise OpInputError(
+        f"{op}(): the per-channel arguments mix dtypes ({listed}); pass them all in x's "
+        "dtype or all in float32 (as F.batch_norm requires)"
+    )
 
 
 def _positive_var(case: Case) -> Case:
