@@ -14,7 +14,8 @@ that serves the call; TFLOP/s.
 Times are medians of `triton.testing.do_bench` (the L2 is cleared before every repetition),
 best of --rounds alternating rounds. BatchNorm rows also give `cudnn loop us` and `tileops loop
 us`: microseconds per call over 200 back-to-back calls with a warm L2, the slower of the host's
-launch path and the kernel, as in a model's layer loop.
+launch path and the kernel, as in a model's layer loop; `<name> graph` columns time the
+same call replayed from a CUDA graph (no host launch path).
 
     python benchmarks/batchnorm_gemm_h200.py [--part batchnorm,gemm] [--dtypes bfloat16,...]
         [--batches 32,256] [--rounds 2] [--no-compile] [--out DIR] [--commit SHA]
@@ -160,7 +161,26 @@ def measure_bn(mode: str, shape: tuple[int, ...], dtype: str, args: argparse.Nam
         row.score[name] = 100 * moved / ms / 1e6 / row.copy_gbps
     for name in ("cudnn", "tileops"):  # back-to-back: does the host keep up with the kernel?
         row.score[f"{name} loop us"] = min(loop_us(contenders[name]) for _ in range(args.rounds))
+    peers = ("cudnn", "torch.compile", "tileops")
+    replays = {f"{name} graph": graphed(contenders[name]) for name in peers if name in contenders}
+    for name, ms in bench_all(replays, args.rounds).items():
+        row.ms[name] = ms
+        row.score[name] = 100 * moved / ms / 1e6 / row.copy_gbps
     return row
+
+
+def graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """`fn` captured in a CUDA graph, its replay: the GPU's time without the host's launch
+    path, as under CUDA graphs or torch.compile's reduce-overhead mode."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 # -- GEMM ------------------------------------------------------------------------------------

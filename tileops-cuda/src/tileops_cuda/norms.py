@@ -164,21 +164,23 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
             # own first element, so an outlier cancels against that lane's few values only (one
             # shift for the whole row, x[0] = 1000 among unit values lost 0.5% of a 64K row's
             # variance); the lanes' means merge relative to the row's first element, `shift`,
-            # so rows far from zero keep their mean's low bits. Both are read as vectors: a
-            # scalar read of X beside vector reads of it makes TileLang 0.1.15's
-            # StorageRewrite fail for some lengths (n = 32768, 49152, ... in float32).
+            # so rows far from zero keep their mean's low bits. The row's head is read as a
+            # vector into its own registers (a scalar read of X beside vector reads of it makes
+            # TileLang 0.1.15's StorageRewrite fail for some lengths, n = 32768, 49152, ... in
+            # float32), and `own` comes from the lane's first load: no extra read ahead of the
+            # loop's loads.
             shift = T.alloc_var("float32", init=0.0)
             own = T.alloc_var("float32", init=0.0)
             counted = T.alloc_var("float32", init=0.0)  # elements this lane summed
             if shifted and row < m:
-                tiles.reload(X, store, first_vector, row, 0, 0, t)
-                shift = t[0]
-                if exact or base + lane * vec < n:
-                    tiles.reload(X, store, first_vector, row, lane, 0, t, base)
-                    own = t[0]
+                head = T.alloc_local((vec,), "float32")
+                tiles.reload(X, store, first_vector, row, 0, 0, head)
+                shift = head[0]
             for k in tiles.chunk_loop(plan):
                 if row < m and (exact or base + (k * lanes + lane) * vec < n):
                     tiles.load(X, store, plan, row, lane, k, t, base)
+                    if shifted and k == 0:
+                        own = t[0]
                     counted += vec
                     for v in T.unroll(vec):
                         if kind == "rms":
