@@ -17,8 +17,9 @@ us`: microseconds per call over 200 back-to-back calls with a warm L2, the slowe
 launch path and the kernel, as in a model's layer loop; `<name> graph` columns time the
 same call replayed from a CUDA graph (no host launch path).
 
-    python benchmarks/batchnorm_gemm_h200.py [--part batchnorm,gemm] [--dtypes bfloat16,...]
-        [--batches 32,256] [--rounds 2] [--no-compile] [--out DIR] [--commit SHA]
+    python benchmarks/batchnorm_gemm_h200.py [--part batchnorm,gemm] [--modes train,infer]
+        [--dtypes bfloat16,...] [--batches 32,256] [--rounds 2] [--no-compile] [--out DIR]
+        [--commit SHA]
 
 Writes `<out>/batchnorm_gemm_<device>.{md,json}` stamped with the date, device, versions and
 commit.
@@ -263,6 +264,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--part", default="batchnorm,gemm", help="batchnorm and/or gemm")
     parser.add_argument("--dtypes", default="bfloat16", help=f"of {','.join(DTYPES)}")
     parser.add_argument("--batches", default="32,256", help="ResNet-50 batch sizes")
+    parser.add_argument("--modes", default="train,infer", help="BatchNorm modes")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
@@ -271,10 +273,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.part = args.part.split(",")
     args.dtypes = args.dtypes.split(",")
     args.batches = [int(b) for b in args.batches.split(",")]
+    args.modes = args.modes.split(",")
     unknown = [p for p in args.part if p not in ("batchnorm", "gemm")]
+    unknown += [m for m in args.modes if m not in PASSES]
     unknown += [d for d in args.dtypes if d not in DTYPES]
     if unknown:
-        parser.error(f"unknown parts or dtypes: {unknown}")
+        parser.error(f"unknown parts, modes or dtypes: {unknown}")
     return args
 
 
@@ -282,7 +286,7 @@ def run(args: argparse.Namespace, meta: dict) -> list[Row]:
     """Every row, the files rewritten after each: a run cut off by a time limit keeps its rows."""
     jobs = []
     if "batchnorm" in args.part:
-        jobs += [(measure_bn, (mode, shape, dtype)) for mode in PASSES
+        jobs += [(measure_bn, (mode, shape, dtype)) for mode in args.modes
                  for shape in bn_shapes(args.batches) for dtype in args.dtypes]  # fmt: skip
     if "gemm" in args.part:  # tileops-cuda's GEMM is 16-bit only
         jobs += [(measure_gemm, (shape, dtype)) for dtype in args.dtypes if dtype != "float32"

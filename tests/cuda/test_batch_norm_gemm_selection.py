@@ -49,10 +49,42 @@ BN_EDGES = [
     ((32, 66, 4096), 90, "tilelang_bn_split_channel"),  # n = 2^17
     ((32, 128, 3136), 90, "tilelang_bn_tiled"),  # ResNet-50 layer1 at batch 32, n = 100352
     ((256, 128, 784), 90, "tilelang_bn_split_channel"),  # n = 200704
-    ((256, 1024, 196), 90, "tilelang_bn_tiled"),
     ((256, 2048, 49), 90, "tilelang_bn_block_channel"),  # ResNet-50 layer4, batch 256
     ((256, 512, 784), 90, "tilelang_bn_tiled"),  # ResNet-50 layer2 at batch 256
 ]
+
+
+# smem_channel: a channel in half the SM's shared memory (its slice padded to 512 lanes of
+# vectors, plus 1 KB of scratch), on at least half as many channels as SMs. Byte edges per dtype.
+SMEM_CHANNEL_EDGES = [
+    ((256, 1024, 196), 90, torch.bfloat16, "tilelang_bn_smem_channel"),  # 103424 of 116224 B
+    ((256, 1024, 196), 90, torch.float32, "tilelang_bn_tiled"),  # 205824 B
+    ((256, 1024, 196), 80, torch.float16, "tilelang_bn_tiled"),  # over 83456 B
+    ((32, 256, 784), 80, torch.bfloat16, "tilelang_bn_smem_channel"),  # ResNet-50 layer2, b 32
+    ((32, 256, 784), 86, torch.bfloat16, "tilelang_bn_tiled"),  # 58368 over 50688 B
+    ((32, 256, 784), 90, torch.float32, "tilelang_bn_smem_channel"),
+    ((32, 66, 784), 90, torch.bfloat16, "tilelang_bn_smem_channel"),  # 2 x 66 channels >= 132
+    ((32, 65, 784), 90, torch.bfloat16, "tilelang_bn_split_channel"),
+    ((1, 300, 57344), 90, torch.bfloat16, "tilelang_bn_smem_channel"),  # 114688 + 1024 B
+    ((1, 300, 57345), 90, torch.bfloat16, "tilelang_bn_tiled"),  # 113 x 512 x 2 + 1024 B
+]
+
+
+@pytest.mark.usefixtures("cuda_kernels_only")
+@pytest.mark.parametrize("shape,arch,dtype,key", SMEM_CHANNEL_EDGES)
+def test_batch_norm_smem_channel_edges(shape, arch, dtype, key):
+    assert bn_key(bn_call(*shape, dtype), arch) == key
+
+
+def test_smem_channel_refusals_name_the_bytes_and_the_channels():
+    with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
+        wide = batch_norm.BatchNormSmemChannel.refusal(bn_call(256, 1024, 196, torch.float32))
+        few = batch_norm.BatchNormSmemChannel.refusal(bn_call(32, 65, 784, torch.bfloat16))
+    assert wide == (
+        "a channel of 50176 values needs 205824 bytes of shared memory, over half of this "
+        "device's 232448: tiled or split_channel serves it"
+    )
+    assert few == "65 channels leave most of the 132 multiprocessors idle: split_channel serves it"
 
 
 @pytest.mark.usefixtures("cuda_kernels_only")

@@ -47,6 +47,7 @@ KERNELS = {
     BatchNormFwdOp: {
         "tilelang_bn_thread_channel": batch_norm.BatchNormThreadChannel,
         "tilelang_bn_block_channel": batch_norm.BatchNormBlockChannel,
+        "tilelang_bn_smem_channel": batch_norm.BatchNormSmemChannel,
         "tilelang_bn_split_channel": batch_norm.BatchNormSplitChannel,
         "tilelang_bn_tiled": batch_norm.BatchNormTiled,
         "tilelang_bn_infer": batch_norm.BatchNormInfer,

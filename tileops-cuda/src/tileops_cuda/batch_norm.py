@@ -13,11 +13,14 @@ Which training layout serves a call (n = batch * spatial values per channel, C c
 |----------------------------|------------------------|------------|----------------------------|
 | tilelang_bn_thread_channel | one thread (L1)        | C / 128    | n <= THREAD_VALUES (32)    |
 | tilelang_bn_block_channel  | registers of one block | C          | 32 < n <= REGISTER_ROW_MAX |
+| tilelang_bn_smem_channel   | shared memory of one   | C          | longer n, in half an SM's  |
+|                            | block                  |            | smem; 2 C >= SMs           |
 | tilelang_bn_split_channel  | nowhere: two kernels   | C x splits | longer n, C < ~2 x SMs     |
 | tilelang_bn_tiled          | nowhere: tiles stream  | C          | every call (the fallback)  |
 
-The first three are preferred over tiled, which serves what they refuse: long channels on a
-device that C blocks already fill twice over. Inference reads the running statistics: one pass,
+The first four are preferred over tiled, which serves what they refuse: long channels on a
+device that C blocks already fill twice over. Held channels (registers, shared memory) are read
+from DRAM once; split and tiled read them twice. Inference reads the running statistics: one pass,
 one kernel (`tilelang_bn_infer`).
 
 Symbolic vs baked: channels and spatial are the layer's shape and are baked in (they fix the
@@ -45,6 +48,7 @@ from .rows import (
     REGISTER_VALUES,
     WARP,
     RowPlan,
+    plan_smem_bytes,
     vector_width,
     with_occupancy,
 )
@@ -69,6 +73,9 @@ MIN_VECTORS_PER_THREAD = 4
 SPLIT_THREADS = 256
 # The fallback streams a whole channel through one block: the most loads in flight per SM.
 TILED_THREADS = 512
+# smem_channel: a channel of at most half an SM's shared memory (two blocks per SM: one loads
+# while the other writes), as smem_row holds a row.
+SMEM_CHANNEL_THREADS = 512
 # Inference: each thread normalizes INFER_VECTORS vectors (independent loads in flight).
 INFER_THREADS = 256
 INFER_VECTORS = 4
@@ -238,6 +245,37 @@ class BatchNormBlockChannel(_Train):
         return (call.batch, block_channel_plan(call))
 
 
+class BatchNormSmemChannel(_Train):
+    """Channels too long for registers that fit half an SM's shared memory, with channels enough
+    for half the multiprocessors: one block per channel, held in shared memory in x's dtype,
+    read from DRAM once (statistics and output from shared memory); batch is baked in."""
+
+    layout = "smem_channel"
+    preferred_over = frozenset({"tilelang_bn_tiled"})
+
+    @classmethod
+    def region_refusal(cls, call: BatchNormCall) -> str | None:
+        n = values_per_channel(call)
+        if n <= REGISTER_ROW_MAX:
+            return f"smem_channel serves channels of more than {REGISTER_ROW_MAX} values, not {n}"
+        need, room = plan_smem_bytes(smem_channel_plan(call), call.dtype), call.smem_budget // 2
+        if need > room:
+            return (
+                f"a channel of {n} values needs {need} bytes of shared memory, over half of this "
+                f"device's {call.smem_budget}: tiled or split_channel serves it"
+            )
+        if 2 * call.channels < call.sm_count:
+            return (
+                f"{call.channels} channels leave most of the {call.sm_count} multiprocessors "
+                "idle: split_channel serves it"
+            )
+        return None
+
+    @classmethod
+    def layout_fields(cls, call: BatchNormCall) -> tuple[Hashable, ...]:
+        return (call.batch, smem_channel_plan(call))
+
+
 class BatchNormSplitChannel(_Train):
     """Long channels (n > 16384) and too few of them to fill the device twice (see
     TILED_BLOCKS_PER_SM): each channel split over several blocks. A partial kernel
@@ -336,6 +374,13 @@ def block_channel_plan(call: BatchNormCall) -> RowPlan:
     return with_occupancy(RowPlan("registers", 1, lanes, vec, _ceil_div(n // vec, lanes)), call)
 
 
+def smem_channel_plan(call: BatchNormCall) -> RowPlan:
+    """SMEM_CHANNEL_THREADS lanes walking the channel's vectors; residency from shared memory."""
+    vec = vector_width(call.spatial, call.dtype)
+    chunks = _ceil_div(values_per_channel(call) // vec, SMEM_CHANNEL_THREADS)
+    return with_occupancy(RowPlan("shared", 1, SMEM_CHANNEL_THREADS, vec, chunks), call)
+
+
 def split_chunk_vectors(call: BatchNormCall) -> int:
     """Vectors of one channel each split covers: enough splits that C x splits blocks give
     every multiprocessor SPLIT_BLOCKS_PER_SM of them, a power of two (batch sizes within a
@@ -380,7 +425,7 @@ def _signature(main, shape: _Shape, batch: Any = None, **extra):
 
 
 def train_program(layout: str, call: BatchNormCall, fields: tuple) -> Any:
-    """The prim_func of one training layout (thread_channel, block_channel or tiled)."""
+    """The prim_func of one single-kernel training layout (all but split_channel)."""
     shape = _Shape(call)
     if layout == "thread_channel":
         body = _thread_channel_body(shape)
@@ -388,6 +433,9 @@ def train_program(layout: str, call: BatchNormCall, fields: tuple) -> Any:
     elif layout == "block_channel":
         batch, plan = fields
         body = _block_channel_body(shape, batch, plan)
+    elif layout == "smem_channel":
+        batch, plan = fields
+        body = _smem_channel_body(shape, batch, plan)
     else:
         body = _streamed_body(shape)
         batch = None
@@ -494,6 +542,65 @@ def _block_channel_body(shape: _Shape, batch: int, plan: RowPlan):
                 j = k * lanes + lane
                 if exact or j < vectors:
                     normalized(X, W, Bias, Y, j // runs, c, (j % runs) * vec, mean, rstd)
+            if lane == 0:
+                update_stats(RM, RV, c, mean, var, count)
+
+    return body
+
+
+def _smem_channel_body(shape: _Shape, batch: int, plan: RowPlan):
+    """Loads into shared memory summing as they land, squared deviations from shared memory,
+    then the output from shared memory: x leaves DRAM once."""
+    import tilelang.language as T
+
+    from . import tiles
+
+    _, update_stats = _epilogue(shape)
+    lanes, vec, runs = plan.lanes, plan.vec, shape.runs
+    vectors = batch * runs
+    exact = plan.chunks * lanes == vectors
+    count = float(batch * shape.spatial)
+
+    @T.macro
+    def body(X, W, Bias, RM, RV, Y):
+        with T.Kernel(shape.channels, threads=lanes) as c:
+            T.annotate_min_blocks_per_sm(plan.blocks_per_sm)
+            lane = T.get_thread_binding()
+            held = T.alloc_shared((plan.slice,), shape.dtype)
+            scratch = T.alloc_shared((2, tiles.warps(plan)), "float32")
+            t = T.alloc_local((vec,), "float32")
+            total = T.alloc_var("float32", init=0.0)
+            square = T.alloc_var("float32", init=0.0)
+            for k in tiles.chunk_loop(plan):
+                j = k * lanes + lane
+                if exact or j < vectors:
+                    for v in T.vectorized(vec):
+                        held[j * vec + v] = X[j // runs, c, (j % runs) * vec + v]
+                    for v in T.vectorized(vec):
+                        t[v] = held[j * vec + v]
+                    for v in T.unroll(vec):
+                        total += t[v]
+            mean = tiles.reduce_group(total, "sum", plan, scratch, 0, lane) / count
+            for k in tiles.chunk_loop(plan):
+                j = k * lanes + lane
+                if exact or j < vectors:
+                    for v in T.vectorized(vec):
+                        t[v] = held[j * vec + v]
+                    for v in T.unroll(vec):
+                        square += (t[v] - mean) * (t[v] - mean)
+            var = tiles.reduce_group(square, "sum", plan, scratch, 1, lane) / count
+            scale = T.rsqrt(var + shape.eps)
+            if shape.weight:
+                scale = scale * f32(W[c])
+            for k in tiles.chunk_loop(plan):
+                j = k * lanes + lane
+                if exact or j < vectors:
+                    b, s = j // runs, (j % runs) * vec
+                    for v in T.vectorized(vec):
+                        if shape.bias:
+                            Y[b, c, s + v] = (f32(held[j * vec + v]) - mean) * scale + f32(Bias[c])
+                        else:
+                            Y[b, c, s + v] = (f32(held[j * vec + v]) - mean) * scale
             if lane == 0:
                 update_stats(RM, RV, c, mean, var, count)
 
