@@ -1,0 +1,90 @@
+"""BatchNorm training layouts on one GPU, each timed on every shape, inside its region or not.
+
+The region rules of `tileops_cuda.batch_norm` are read off this table: every training key's
+kernel is built for the call through its own `entry_for` (a key outside its region still
+builds where its plan fits the device) and timed beside `torch.compile` of `F.batch_norm`, as
+a share of the same-run copy bandwidth on three passes' bytes.
+
+    python benchmarks/bn_layouts_h200.py [--shapes 32x256x3136,...] [--dtypes bfloat16,float32]
+        [--out DIR]
+
+Writes `<out>/bn_layouts_<device>.md`, stamped with the date and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from batchnorm_gemm_h200 import DTYPES, EPS, MOMENTUM, bench, copy_gbps, git_commit
+
+SHAPES = ("32x256x3136", "32x128x3136", "32x64x3136", "32x512x784", "256x512x196",
+          "256x1024x196", "256x128x784")  # fmt: skip
+
+
+def measure(shape: tuple[int, int, int], dtype: torch.dtype) -> dict[str, str]:
+    """% of copy per contender (or why it did not run) for one (batch, channels, spatial)."""
+    import tileops_cuda
+    from tileops.ops import BatchNormCall, BatchNormFwdOp, BatchNormTrainInterface
+
+    x = torch.randn(shape, device="cuda", dtype=dtype) * 2 + 0.5
+    c = shape[1]
+    w, b = torch.randn(c, device="cuda", dtype=dtype), torch.randn(c, device="cuda", dtype=dtype)
+    rm, rv = torch.zeros(c, device="cuda", dtype=dtype), torch.ones(c, device="cuda", dtype=dtype)
+    call = BatchNormCall(device=x.device, batch=shape[0], channels=c, spatial=shape[2], eps=EPS,
+                         momentum=MOMENTUM, dtype=dtype, has_weight=True, has_bias=True,
+                         has_running_stats=True, param_dtype=dtype)  # fmt: skip
+    moved = 3 * x.numel() * x.element_size()
+    copy = copy_gbps(moved, 1)
+    share = lambda ms: f"{100 * moved / ms / 1e6 / copy:.1f}"  # noqa: E731
+    row = {}
+    for key, cls in tileops_cuda.KERNELS[BatchNormFwdOp].items():
+        if not issubclass(cls, BatchNormTrainInterface):
+            continue
+        try:
+            kernel = cls.entry_for(call)[1]()
+            row[key] = share(bench(lambda kernel=kernel: kernel(x, w, b, rm, rv), 1))
+        except Exception as error:  # a plan that does not fit this device, say
+            row[key] = f"did not run: {type(error).__name__}"
+        if cls.refusal(call) is None:
+            row[key] += " (serves)"
+    torch._dynamo.reset()
+    compiled = torch.compile(
+        lambda: F.batch_norm(x, rm, rv, w, b, True, MOMENTUM, EPS), dynamic=False
+    )
+    compiled()
+    row["torch.compile"] = share(bench(compiled, 1))
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--dtypes", default="bfloat16,float32")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+    device = torch.cuda.get_device_name()
+    lines = [f"# BatchNorm training layouts on {device}", "",
+             f"{datetime.date.today().isoformat()}, commit {git_commit()}, torch "
+             f"{torch.__version__}; medians of do_bench (L2 cleared); % of a same-run copy of "
+             "three passes' bytes; (serves): the key's region holds the call.", ""]  # fmt: skip
+    header = False
+    for dtype in args.dtypes.split(","):
+        for text in args.shapes.split(","):
+            row = measure(tuple(int(v) for v in text.split("x")), DTYPES[dtype])
+            if not header:
+                lines.append("| shape | dtype | " + " | ".join(row) + " |")
+                lines.append("|---" * (2 + len(row)) + "|")
+                header = True
+            lines.append(f"| {text} | {dtype} | " + " | ".join(row.values()) + " |")
+            print(lines[-1], flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"bn_layouts_{device.replace(' ', '_').lower()}.md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
