@@ -6,9 +6,10 @@ builds where its plan fits the device) and timed beside `torch.compile` of `F.ba
 a share of the same-run copy bandwidth on three passes' bytes.
 
     python benchmarks/bn_layouts_h200.py [--shapes 32x256x3136,...] [--dtypes bfloat16,float32]
-        [--out DIR]
+        [--out DIR] [--commit SHA]
 
-Writes `<out>/bn_layouts_<device>.md`, stamped with the date and commit.
+Writes `<out>/bn_layouts_<device>.md` (after every row), stamped with the date and commit.
+Every key compiles for every shape: budget about 20 s per shape and dtype.
 """
 
 from __future__ import annotations
@@ -65,12 +66,16 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--commit", default=None)
     args = parser.parse_args()
     device = torch.cuda.get_device_name()
     lines = [f"# BatchNorm training layouts on {device}", "",
-             f"{datetime.date.today().isoformat()}, commit {git_commit()}, torch "
+             f"{datetime.date.today().isoformat()}, commit {args.commit or git_commit()}, torch "
              f"{torch.__version__}; medians of do_bench (L2 cleared); % of a same-run copy of "
              "three passes' bytes; (serves): the key's region holds the call.", ""]  # fmt: skip
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"bn_layouts_{device.replace(' ', '_').lower()}.md"
     header = False
     for dtype in args.dtypes.split(","):
         for text in args.shapes.split(","):
@@ -81,9 +86,7 @@ def main() -> None:
                 header = True
             lines.append(f"| {text} | {dtype} | " + " | ".join(row.values()) + " |")
             print(lines[-1], flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"bn_layouts_{device.replace(' ', '_').lower()}.md").write_text("\n".join(lines) + "\n")
+            path.write_text("\n".join(lines) + "\n")  # a run cut off keeps its rows
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ from .rows import (
 # third walks hit L1. Beyond 32 values a thread's serial walk outlasts a block's reduction.
 THREAD_VALUES = 32
 THREAD_CHANNEL_THREADS = 128  # 4 warps: 32 adjacent channels per warp, adjacent addresses
-# Split or tiled, measured on the H200 (benchmarks/results/batchnorm_gemm_nvidia_h200.md):
+# Split or tiled, measured on the H200 (batchnorm_gemm_nvidia_h200.md as of commit 8b86f1d):
 # tiled's one block per channel wins once its C blocks give about two to every multiprocessor
 # (C = 256 on 132: 64-68% of copy against split's 50-66%); with one or fewer per
 # multiprocessor (C between half and TILED_BLOCKS_PER_SM x SMs), it wins only while a channel
@@ -74,9 +74,9 @@ SPLIT_THREADS = 256
 # The fallback streams a whole channel through one block: the most loads in flight per SM.
 TILED_THREADS = 512
 # smem_channel: a channel in one block's shared memory, as smem_row holds a row. Even alone on
-# its SM (200 KB) it beat streaming the channel twice on the H200 (bn_layouts_h200.py,
-# 2026-11-29, % of copy on three passes' bytes): 66 against tiled's 58 at 32x256x56x56 bf16,
-# 91 against 76 at 256x1024x14x14 float32; two or three per SM, 69-82 against 47-64.
+# its SM (200 KB) it beat streaming the channel twice on the H200 (results/bn_layouts and
+# batchnorm_gemm, 2026-11-29, % of copy on three passes' bytes): 68 against tiled's 61 at
+# 32x256x56x56 bf16, 67 against 51 at 32x128x56x56; two or three per SM, 53-78 against 38-65.
 SMEM_CHANNEL_THREADS = 512
 # Inference: each thread normalizes INFER_VECTORS vectors (independent loads in flight).
 INFER_THREADS = 256
