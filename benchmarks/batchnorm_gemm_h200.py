@@ -119,13 +119,11 @@ def bn_contenders(
 ) -> tuple[dict[str, Callable[[], Any]], str]:
     """Every contender of one BatchNorm call, and the key the dispatched op chose."""
     import tileops_cuda
-    from tileops.ops import BatchNormCall, BatchNormFwdOp
+    from tileops.ops import BatchNormFwdOp
 
     training = mode == "train"
     c = x.shape[1]
-    w, b = torch.randn(c, device="cuda"), torch.randn(c, device="cuda")
-    rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
-    params = [t.to(x.dtype) for t in (w, b, rm, rv)]
+    params = bn_params(x)
 
     def torch_bn() -> torch.Tensor:
         return F.batch_norm(x, params[2], params[3], params[0], params[1], training, MOMENTUM, EPS)
@@ -137,17 +135,32 @@ def bn_contenders(
     op = BatchNormFwdOp(c, EPS, MOMENTUM, training=training)
     contenders["tileops"] = lambda: op(x, *params)
     interface = "batch_norm_fwd_train" if training else "batch_norm_fwd_infer"
-    spatial = x[0, 0].numel()
-    call = BatchNormCall(device=x.device, batch=x.shape[0], channels=c, spatial=spatial,
-                         eps=EPS, momentum=MOMENTUM, dtype=x.dtype, has_weight=True,
-                         has_bias=True, has_running_stats=True, param_dtype=x.dtype)  # fmt: skip
-    x3 = x.view(x.shape[0], c, spatial)
+    call = bn_call_for(x)
+    x3 = x.view(x.shape[0], c, call.spatial)
     contract = BatchNormFwdOp.interfaces[interface]
     for key, cls in tileops_cuda.KERNELS[BatchNormFwdOp].items():
         if issubclass(cls, contract) and cls.refusal(call) is None:
             kernel = cls.entry_for(call)[1]()
             contenders[key] = lambda kernel=kernel: kernel(x3, *params)
     return contenders, op.key_for(interface, call)
+
+
+def bn_params(x: torch.Tensor) -> list[torch.Tensor]:
+    """Weight, bias, running mean and variance of x's channels, in x's dtype."""
+    c = x.shape[1]
+    w, b = torch.randn(c, device="cuda"), torch.randn(c, device="cuda")
+    rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+    return [t.to(x.dtype) for t in (w, b, rm, rv)]
+
+
+def bn_call_for(x: torch.Tensor) -> Any:
+    """The call spec of an affine BatchNorm with running statistics on x, params in x's dtype."""
+    from tileops.ops import BatchNormCall
+
+    return BatchNormCall(device=x.device, batch=x.shape[0], channels=x.shape[1],
+                         spatial=x[0, 0].numel(), eps=EPS, momentum=MOMENTUM, dtype=x.dtype,
+                         has_weight=True, has_bias=True, has_running_stats=True,
+                         param_dtype=x.dtype)  # fmt: skip
 
 
 def measure_bn(mode: str, shape: tuple[int, ...], dtype: str, args: argparse.Namespace) -> Row:

@@ -20,7 +20,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from batchnorm_gemm_h200 import DTYPES, EPS, MOMENTUM, bench, copy_gbps, git_commit
+from batchnorm_gemm_h200 import (
+    DTYPES,
+    EPS,
+    MOMENTUM,
+    bench,
+    bn_call_for,
+    bn_params,
+    copy_gbps,
+    git_commit,
+)
 
 SHAPES = ("32x256x3136", "32x128x3136", "32x64x3136", "32x512x784", "256x512x196",
           "256x1024x196", "256x128x784")  # fmt: skip
@@ -29,15 +38,11 @@ SHAPES = ("32x256x3136", "32x128x3136", "32x64x3136", "32x512x784", "256x512x196
 def measure(shape: tuple[int, int, int], dtype: torch.dtype) -> dict[str, str]:
     """% of copy per contender (or why it did not run) for one (batch, channels, spatial)."""
     import tileops_cuda
-    from tileops.ops import BatchNormCall, BatchNormFwdOp, BatchNormTrainInterface
+    from tileops.ops import BatchNormFwdOp, BatchNormTrainInterface
 
     x = torch.randn(shape, device="cuda", dtype=dtype) * 2 + 0.5
-    c = shape[1]
-    w, b = torch.randn(c, device="cuda", dtype=dtype), torch.randn(c, device="cuda", dtype=dtype)
-    rm, rv = torch.zeros(c, device="cuda", dtype=dtype), torch.ones(c, device="cuda", dtype=dtype)
-    call = BatchNormCall(device=x.device, batch=shape[0], channels=c, spatial=shape[2], eps=EPS,
-                         momentum=MOMENTUM, dtype=dtype, has_weight=True, has_bias=True,
-                         has_running_stats=True, param_dtype=dtype)  # fmt: skip
+    w, b, rm, rv = bn_params(x)
+    call = bn_call_for(x)
     moved = 3 * x.numel() * x.element_size()
     copy = copy_gbps(moved, 1)
     share = lambda ms: f"{100 * moved / ms / 1e6 / copy:.1f}"  # noqa: E731

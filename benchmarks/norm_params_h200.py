@@ -12,31 +12,23 @@ from __future__ import annotations
 import argparse
 
 import torch
-from triton.testing import do_bench
+from batchnorm_gemm_h200 import bench, copy_gbps
 
 from tileops.ops import LayerNormFwdOp, RMSNormFwdOp
 
 ELEMENTS = 1 << 26
 
 
-def percent_of_copy(fn, moved: int, copy_gbps: float) -> float:
-    ms = min(do_bench(fn, return_mode="median") for _ in range(3))
-    return 100 * moved / ms / 1e6 / copy_gbps
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="65536,131072")
     args = parser.parse_args()
-    src = torch.empty(1 << 28, dtype=torch.int8, device="cuda")
-    dst = torch.empty_like(src)
-    copy_gbps = 2 * src.numel() / do_bench(lambda: dst.copy_(src), return_mode="median") / 1e6
+    moved = 2 * ELEMENTS * 2  # x read and y written, bfloat16
+    copy = copy_gbps(moved, 3)
     for n in (int(s) for s in args.sizes.split(",")):
         x = torch.randn(ELEMENTS // n, n, device="cuda", dtype=torch.bfloat16)
-        w, b = (
-            torch.randn(n, device="cuda", dtype=x.dtype),
-            torch.randn(n, device="cuda", dtype=x.dtype),
-        )
+        w = torch.randn(n, device="cuda", dtype=x.dtype)
+        b = torch.randn_like(w)
         cases = {
             "layer_norm w+b": (LayerNormFwdOp(n), (x, w, b)),
             "layer_norm w": (LayerNormFwdOp(n), (x, w, None)),
@@ -47,8 +39,8 @@ def main() -> None:
         scores = []
         for name, (op, call_args) in cases.items():
             op(*call_args)  # build outside the timing
-            share = percent_of_copy(lambda op=op, a=call_args: op(*a), 4 * x.numel(), copy_gbps)
-            scores.append(f"{name} {share:.1f}")
+            ms = bench(lambda op=op, a=call_args: op(*a), 3)
+            scores.append(f"{name} {100 * moved / ms / 1e6 / copy:.1f}")
         print(n, "; ".join(scores), flush=True)
 
 

@@ -432,12 +432,9 @@ def train_program(layout: str, call: BatchNormCall, fields: tuple) -> Any:
     if layout == "thread_channel":
         body = _thread_channel_body(shape)
         batch = None
-    elif layout == "block_channel":
+    elif layout in ("block_channel", "smem_channel"):
         batch, plan = fields
-        body = _block_channel_body(shape, batch, plan)
-    elif layout == "smem_channel":
-        batch, plan = fields
-        body = _smem_channel_body(shape, batch, plan)
+        body = _held_channel_body(shape, batch, plan)
     else:
         body = _streamed_body(shape)
         batch = None
@@ -505,54 +502,10 @@ def _thread_channel_body(shape: _Shape):
     return body
 
 
-def _block_channel_body(shape: _Shape, batch: int, plan: RowPlan):
-    """Two passes over registers: exact mean, then exact squared deviations."""
-    import tilelang.language as T
-
-    from . import tiles
-
-    normalized, update_stats = _epilogue(shape)
-    lanes, vec, runs = plan.lanes, plan.vec, shape.runs
-    vectors = batch * runs
-    exact = plan.chunks * lanes == vectors
-    count = float(batch * shape.spatial)
-
-    @T.macro
-    def body(X, W, Bias, RM, RV, Y):
-        with T.Kernel(shape.channels, threads=lanes) as c:
-            T.annotate_min_blocks_per_sm(plan.blocks_per_sm)
-            lane = T.get_thread_binding()
-            held = T.alloc_local((plan.chunks * vec,), "float32")
-            scratch = T.alloc_shared((2, tiles.warps(plan)), "float32")
-            total = T.alloc_var("float32", init=0.0)
-            square = T.alloc_var("float32", init=0.0)
-            for k in T.unroll(plan.chunks):
-                j = k * lanes + lane
-                if exact or j < vectors:
-                    for v in T.vectorized(vec):
-                        held[k * vec + v] = f32(X[j // runs, c, (j % runs) * vec + v])
-                    for v in T.unroll(vec):
-                        total += held[k * vec + v]
-            mean = tiles.reduce_group(total, "sum", plan, scratch, 0, lane) / count
-            for k in T.unroll(plan.chunks):
-                if exact or k * lanes + lane < vectors:
-                    for v in T.unroll(vec):
-                        square += (held[k * vec + v] - mean) * (held[k * vec + v] - mean)
-            var = tiles.reduce_group(square, "sum", plan, scratch, 1, lane) / count
-            rstd = T.rsqrt(var + shape.eps)
-            for k in T.unroll(plan.chunks):
-                j = k * lanes + lane
-                if exact or j < vectors:
-                    normalized(X, W, Bias, Y, j // runs, c, (j % runs) * vec, mean, rstd)
-            if lane == 0:
-                update_stats(RM, RV, c, mean, var, count)
-
-    return body
-
-
-def _smem_channel_body(shape: _Shape, batch: int, plan: RowPlan):
-    """Loads into shared memory summing as they land, squared deviations from shared memory,
-    then the output from shared memory: x leaves DRAM once."""
+def _held_channel_body(shape: _Shape, batch: int, plan: RowPlan):
+    """block_channel and smem_channel: the channel read once into `plan.hold` (float32
+    registers, or shared memory in x's dtype), then the exact mean, the exact squared
+    deviations and the output, all from what is held."""
     import tilelang.language as T
 
     from . import tiles
@@ -562,13 +515,19 @@ def _smem_channel_body(shape: _Shape, batch: int, plan: RowPlan):
     vectors = batch * runs
     exact = plan.chunks * lanes == vectors
     count = float(batch * shape.spatial)
+    in_registers = plan.hold == "registers"
+
+    def slot(k, j):
+        """Where the lane's k-th vector, the channel's j-th, is held: registers are indexed by
+        constants (k), shared memory by the vector's place in the channel (j)."""
+        return k * vec if in_registers else j * vec
 
     @T.macro
     def body(X, W, Bias, RM, RV, Y):
         with T.Kernel(shape.channels, threads=lanes) as c:
             T.annotate_min_blocks_per_sm(plan.blocks_per_sm)
             lane = T.get_thread_binding()
-            held = T.alloc_shared((plan.slice,), shape.dtype)
+            held = tiles.row_store(plan, shape.dtype)
             scratch = T.alloc_shared((2, tiles.warps(plan)), "float32")
             t = T.alloc_local((vec,), "float32")
             total = T.alloc_var("float32", init=0.0)
@@ -576,10 +535,14 @@ def _smem_channel_body(shape: _Shape, batch: int, plan: RowPlan):
             for k in tiles.chunk_loop(plan):
                 j = k * lanes + lane
                 if exact or j < vectors:
+                    if in_registers:
+                        for v in T.vectorized(vec):
+                            held[slot(k, j) + v] = f32(X[j // runs, c, (j % runs) * vec + v])
+                    else:
+                        for v in T.vectorized(vec):
+                            held[slot(k, j) + v] = X[j // runs, c, (j % runs) * vec + v]
                     for v in T.vectorized(vec):
-                        held[j * vec + v] = X[j // runs, c, (j % runs) * vec + v]
-                    for v in T.vectorized(vec):
-                        t[v] = held[j * vec + v]
+                        t[v] = held[slot(k, j) + v]
                     for v in T.unroll(vec):
                         total += t[v]
             mean = tiles.reduce_group(total, "sum", plan, scratch, 0, lane) / count
@@ -587,7 +550,7 @@ def _smem_channel_body(shape: _Shape, batch: int, plan: RowPlan):
                 j = k * lanes + lane
                 if exact or j < vectors:
                     for v in T.vectorized(vec):
-                        t[v] = held[j * vec + v]
+                        t[v] = held[slot(k, j) + v]
                     for v in T.unroll(vec):
                         square += (t[v] - mean) * (t[v] - mean)
             var = tiles.reduce_group(square, "sum", plan, scratch, 1, lane) / count
@@ -599,10 +562,12 @@ def _smem_channel_body(shape: _Shape, batch: int, plan: RowPlan):
                 if exact or j < vectors:
                     b, s = j // runs, (j % runs) * vec
                     for v in T.vectorized(vec):
+                        t[v] = held[slot(k, j) + v]
+                    for v in T.vectorized(vec):
                         if shape.bias:
-                            Y[b, c, s + v] = (f32(held[j * vec + v]) - mean) * scale + f32(Bias[c])
+                            Y[b, c, s + v] = (t[v] - mean) * scale + f32(Bias[c])
                         else:
-                            Y[b, c, s + v] = (f32(held[j * vec + v]) - mean) * scale
+                            Y[b, c, s + v] = (t[v] - mean) * scale
             if lane == 0:
                 update_stats(RM, RV, c, mean, var, count)
 
