@@ -9,7 +9,7 @@ each column tile), at decode shapes, scored as % of a same-run copy of the weigh
 weight read dominates).
 
     python benchmarks/gemm_tiles_h200.py [--kinds hopper,skinny] [--workers 14] [--rounds 3]
-        [--out DIR]
+        [--only REGEX] [--out DIR]
 
 Writes `<out>/gemm_tiles_<device>.md`. Candidates that fail to build are listed with the error.
 """
@@ -21,6 +21,7 @@ import concurrent.futures
 import datetime
 import multiprocessing
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,8 @@ DTYPE = torch.bfloat16
 class Candidate:
     kind: str  # "hopper" or "skinny"
     shape: tuple[int, int, int]
-    settings: tuple  # hopper: (block_m, block_n, block_k, stages, policy, epilogue); skinny:
-    # (block_n, block_k, blocks_per_sm, fixup)
+    settings: tuple  # hopper: (block_m, block_n, block_k, stages, policy, epilogue, grid);
+    # skinny: (block_n, block_k, blocks_per_sm, fixup, stages)
 
     @property
     def label(self) -> str:
@@ -52,12 +53,23 @@ def candidates() -> list[Candidate]:
     # C staged through shared memory and stored in bulk (the C tile takes one stage's room).
     hopper += [(128, 256, 64, 3, "FullRow", "smem"), (128, 128, 64, 4, "FullRow", "smem"),
                (256, 128, 64, 3, "FullCol", "smem")]  # fmt: skip
+    hopper = [h + ("tiles",) for h in hopper]
+    # Persistent: one block per multiprocessor walking the tiles (epilogue under the next loads).
+    hopper += [(128, 256, 64, 3, "FullRow", "smem", "persistent"),
+               (128, 256, 64, 4, "FullRow", "direct", "persistent"),
+               (128, 256, 64, 4, "Square", "direct", "persistent"),
+               (256, 128, 64, 3, "FullCol", "smem", "persistent"),
+               (128, 128, 64, 4, "FullRow", "smem", "persistent"),
+               (128, 128, 64, 6, "FullRow", "direct", "persistent")]  # fmt: skip
     # TMA copies trailed cp.async at every decode shape (results/gemm_tiles_skinny_*), so the
     # sweep varies how a split k is summed: a second kernel, or the fixup (the last block).
-    skinny = [(bn, bk, bps, fixup) for bn in (64, 128) for bk in (64, 128)
+    skinny = [(bn, bk, bps, fixup, 0) for bn in (64, 128) for bk in (64, 128)
               for bps in (1, 2, 4) for fixup in (False, True)]  # fmt: skip
     # One kernel, no split of k (no partials, no second launch): narrow columns fill the grid.
-    skinny += [(32, bk, 0.5, False) for bk in (64, 128)]
+    skinny += [(32, bk, 0.5, False, 0) for bk in (64, 128)]
+    # Deeper pipelines than the shared-memory rule's cap (0: the rule's): more weight in flight.
+    skinny += [(64, 64, bps, fixup, s) for bps in (1, 2) for fixup in (False, True)
+               for s in (6, 8, 12) if bps * s <= 16]  # fmt: skip
     return [Candidate("hopper", shape, h) for shape in SQUARE for h in hopper] + [
         Candidate("skinny", shape, k) for shape in SKINNY for k in skinny
     ]
@@ -78,13 +90,16 @@ def build(candidate: Candidate) -> Any:
     call = call_for(candidate.shape)
     name = f"sweep/{candidate.kind}/{candidate.shape}/{candidate.settings}"
     if candidate.kind == "hopper":
-        bm, bn, bk, stages, policy, epilogue = candidate.settings
-        tile = gemm.Tile(bm, bn, bk, 256, stages, policy, smem_epilogue=epilogue == "smem")
+        bm, bn, bk, stages, policy, epilogue, grid = candidate.settings
+        wave = call.sm_count if grid == "persistent" else 0
+        tile = gemm.Tile(bm, bn, bk, 256, stages, policy, epilogue == "smem", wave)
         program = build_program(name, lambda: gemm.gemm_program(call, tile, tma=True), 90,
                                  features="a")  # fmt: skip
         return gemm.GemmHopper(call, [program])
-    bn, bk, bps, fixup = candidate.settings
+    bn, bk, bps, fixup, stages = candidate.settings
     plan = replace(gemm.skinny_plan(call, bn, bk, bps), fixup=fixup)
+    if stages:
+        plan = replace(plan, tile=replace(plan.tile, stages=stages))
     programs = [build_program(f"{name}/0", lambda: gemm.skinny_program(call, plan), 90,
                               pass_configs=gemm.MMA_SYNC_ONLY)]  # fmt: skip
     if plan.splits > 1 and not plan.fixup:
@@ -137,11 +152,13 @@ def measure(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kinds", default="hopper,skinny", help="which kernels to sweep")
+    parser.add_argument("--only", default="", help="regex on 'kind label' of the candidates")
     parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 14))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
-    todo = [c for c in candidates() if c.kind in args.kinds.split(",")]
+    todo = [c for c in candidates() if c.kind in args.kinds.split(",")
+            and re.search(args.only, f"{c.kind} {c.label}")]  # fmt: skip
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(args.workers, mp_context=context) as pool:
         errors = dict(zip(todo, pool.map(prebuild, todo), strict=True))
@@ -150,7 +167,7 @@ def main() -> None:
              f"{datetime.date.today()}, commit {os.environ.get('GIT_COMMIT', '?')}, torch "
              f"{torch.__version__}, bfloat16; medians of do_bench (L2 cleared), best of "
              f"{args.rounds}. Hopper settings: block_m block_n block_k stages policy "
-             "epilogue; skinny: block_n block_k blocks-per-SM fixup."]  # fmt: skip
+             "epilogue grid; skinny: block_n block_k blocks-per-SM fixup stages (0: the rule's)."]  # fmt: skip
     for shape in dict.fromkeys(c.shape for c in todo):
         lines += measure(shape, [c for c in todo if c.shape == shape], errors, args.rounds)
     out = Path(args.out)

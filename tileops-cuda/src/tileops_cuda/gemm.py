@@ -74,7 +74,8 @@ class Tile:
     """One block's tile: block_m x block_n of C, block_k deep per pipeline stage; `policy`
     names TileLang's GemmWarpPolicy (how the warps split the tile); `smem_epilogue` stages C
     through shared memory (one bulk store, TMA on sm_90a) instead of each thread storing its
-    fragment."""
+    fragment. `wave` > 0: a persistent grid of that many blocks walking the tiles of C, so one
+    tile's epilogue overlaps the next tile's loads (0: one block per tile)."""
 
     block_m: int
     block_n: int
@@ -83,6 +84,7 @@ class Tile:
     stages: int = MIN_STAGES
     policy: str = "Square"
     smem_epilogue: bool = False
+    wave: int = 0
 
     def stage_bytes(self, itemsize: int) -> int:
         return (self.block_m + self.block_n) * self.block_k * itemsize
@@ -381,23 +383,33 @@ def gemm_program(call: GemmCall, tile: Tile, tma: bool) -> Any:
     m = T.dynamic("m")
     hints = None if tma else NO_TMA
 
+    @T.macro
+    def one_tile(A, B, C, a_tile, b_tile, c_tile, acc, bx, by):
+        T.clear(acc)
+        for kk in T.Pipelined(T.ceildiv(k, bk), num_stages=tile.stages):
+            T.copy(A[by * bm, kk * bk], a_tile, annotations=hints)
+            T.copy(B[kk * bk, bx * bn], b_tile, annotations=hints)
+            T.gemm(a_tile, b_tile, acc, policy=getattr(T.GemmWarpPolicy, tile.policy))
+        if tile.smem_epilogue:
+            T.copy(acc, c_tile)
+            T.copy(c_tile, C[by * bm, bx * bn])
+        else:
+            T.copy(acc, C[by * bm, bx * bn])
+
     def main(A, B, C):
-        with T.Kernel(T.ceildiv(n, bn), T.ceildiv(m, bm), threads=tile.threads) as (bx, by):
+        grid = (tile.wave,) if tile.wave else (T.ceildiv(n, bn), T.ceildiv(m, bm))
+        with T.Kernel(*grid, threads=tile.threads) as block:
             a_tile = T.alloc_shared((bm, bk), dtype)
             b_tile = T.alloc_shared((bk, bn), dtype)
+            c_tile = T.alloc_shared((bm, bn), dtype) if tile.smem_epilogue else None
             acc = T.alloc_fragment((bm, bn), "float32")
-            T.use_swizzle(SWIZZLE_PANEL)
-            T.clear(acc)
-            for kk in T.Pipelined(T.ceildiv(k, bk), num_stages=tile.stages):
-                T.copy(A[by * bm, kk * bk], a_tile, annotations=hints)
-                T.copy(B[kk * bk, bx * bn], b_tile, annotations=hints)
-                T.gemm(a_tile, b_tile, acc, policy=getattr(T.GemmWarpPolicy, tile.policy))
-            if tile.smem_epilogue:
-                c_tile = T.alloc_shared((bm, bn), dtype)
-                T.copy(acc, c_tile)
-                T.copy(c_tile, C[by * bm, bx * bn])
+            if tile.wave:  # tiles in panels of SWIZZLE_PANEL columns, as T.use_swizzle does
+                domain = [T.ceildiv(m, bm), T.ceildiv(n, bn)]
+                for by, bx in T.Persistent(domain, tile.wave, block, group_size=SWIZZLE_PANEL):
+                    one_tile(A, B, C, a_tile, b_tile, c_tile, acc, bx, by)
             else:
-                T.copy(acc, C[by * bm, bx * bn])
+                T.use_swizzle(SWIZZLE_PANEL)
+                one_tile(A, B, C, a_tile, b_tile, c_tile, acc, *block)
 
     return tiles.prim_func(main, dtype, A=(m, k), B=(k, n), C=(m, n))
 

@@ -1,9 +1,9 @@
 """Triton programs of softmax (imported on first build: it imports triton).
 
-fused: a tile of ROWS whole rows in registers. looped: one row per program in CHUNK-wide
-slices: an online pass keeps a running max and a rescaled sum per lane, then a writing pass
-walks the row backwards (the slices read last are still in L2). Masked lanes hold -inf and
-contribute 0.
+fused: a tile of ROWS whole rows in registers, read with `.ca` as the norms' (_norm_kernels).
+looped: one row per program in CHUNK-wide slices: an online pass keeps a running max and a
+rescaled sum per lane, then a writing pass walks the row backwards (the slices read last are
+still in L2). Masked lanes hold -inf and contribute 0.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def softmax_fused(X, Y, rows, n, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     cols = tl.arange(0, BLOCK)
     mask = (r[:, None] < rows) & (cols[None, :] < n)
     offs = r[:, None] * n + cols[None, :]
-    x = tl.load(X + offs, mask=mask, other=-float("inf"), eviction_policy="evict_first")
+    x = tl.load(X + offs, mask=mask, other=-float("inf"), cache_modifier=".ca")
     x = x.to(tl.float32)
     row_max = tl.max(x, axis=1)
     row_max = tl.where(row_max == -float("inf"), 0.0, row_max)  # all -inf: NaN as in torch
