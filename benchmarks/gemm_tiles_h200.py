@@ -38,7 +38,7 @@ DTYPE = torch.bfloat16
 class Candidate:
     kind: str  # "hopper" or "skinny"
     shape: tuple[int, int, int]
-    settings: tuple  # hopper: (block_m, block_n, block_k, stages, policy, epilogue, grid);
+    settings: tuple  # hopper: (block_m, block_n, block_k, stages, policy, epilogue);
     # skinny: (block_n, block_k, blocks_per_sm, fixup, stages)
 
     @property
@@ -53,14 +53,6 @@ def candidates() -> list[Candidate]:
     # C staged through shared memory and stored in bulk (the C tile takes one stage's room).
     hopper += [(128, 256, 64, 3, "FullRow", "smem"), (128, 128, 64, 4, "FullRow", "smem"),
                (256, 128, 64, 3, "FullCol", "smem")]  # fmt: skip
-    hopper = [h + ("tiles",) for h in hopper]
-    # Persistent: one block per multiprocessor walking the tiles (epilogue under the next loads).
-    hopper += [(128, 256, 64, 3, "FullRow", "smem", "persistent"),
-               (128, 256, 64, 4, "FullRow", "direct", "persistent"),
-               (128, 256, 64, 4, "Square", "direct", "persistent"),
-               (256, 128, 64, 3, "FullCol", "smem", "persistent"),
-               (128, 128, 64, 4, "FullRow", "smem", "persistent"),
-               (128, 128, 64, 6, "FullRow", "direct", "persistent")]  # fmt: skip
     # TMA copies trailed cp.async at every decode shape (results/gemm_tiles_skinny_*), so the
     # sweep varies how a split k is summed: a second kernel, or the fixup (the last block).
     skinny = [(bn, bk, bps, fixup, 0) for bn in (64, 128) for bk in (64, 128)
@@ -90,9 +82,8 @@ def build(candidate: Candidate) -> Any:
     call = call_for(candidate.shape)
     name = f"sweep/{candidate.kind}/{candidate.shape}/{candidate.settings}"
     if candidate.kind == "hopper":
-        bm, bn, bk, stages, policy, epilogue, grid = candidate.settings
-        wave = call.sm_count if grid == "persistent" else 0
-        tile = gemm.Tile(bm, bn, bk, 256, stages, policy, epilogue == "smem", wave)
+        bm, bn, bk, stages, policy, epilogue = candidate.settings
+        tile = gemm.Tile(bm, bn, bk, 256, stages, policy, smem_epilogue=epilogue == "smem")
         program = build_program(name, lambda: gemm.gemm_program(call, tile, tma=True), 90,
                                  features="a")  # fmt: skip
         return gemm.GemmHopper(call, [program])
@@ -167,7 +158,8 @@ def main() -> None:
              f"{datetime.date.today()}, commit {os.environ.get('GIT_COMMIT', '?')}, torch "
              f"{torch.__version__}, bfloat16; medians of do_bench (L2 cleared), best of "
              f"{args.rounds}. Hopper settings: block_m block_n block_k stages policy "
-             "epilogue grid; skinny: block_n block_k blocks-per-SM fixup stages (0: the rule's)."]  # fmt: skip
+             "epilogue; skinny: block_n block_k blocks-per-SM fixup stages (0: the "
+             "rule's)."]  # fmt: skip
     for shape in dict.fromkeys(c.shape for c in todo):
         lines += measure(shape, [c for c in todo if c.shape == shape], errors, args.rounds)
     out = Path(args.out)

@@ -54,7 +54,9 @@ SWIZZLE_PANEL = 8
 # (enough to fill the pipeline). Measured on the H200 (gemm_tiles_h200.py): one block per
 # multiprocessor with 64 x 64 weight tiles beat 2 and 4, 128-column and 128-deep tiles, and
 # TMA copies at m = 1, 16, 64 and n = k = 4096, 8192 (57% of copy at m = 1, n = k = 4096,
-# against 55% for the earlier 4 blocks of 64 x 128).
+# against 55% for the earlier 4 blocks of 64 x 128). Deeper pipelines than the shared-memory
+# rule's (6, 8, 12 stages) were no faster at any decode shape and up to 20% slower at m = 64
+# (results/gemm_tiles_persistent_stages_nvidia_h200.md).
 SKINNY_BLOCKS_PER_SM = 1
 MIN_K_TILES_PER_SPLIT = 4
 # Up to this m a split k is summed by the fixup (SkinnyPlan.fixup): at m = 1 it beat the
@@ -74,8 +76,7 @@ class Tile:
     """One block's tile: block_m x block_n of C, block_k deep per pipeline stage; `policy`
     names TileLang's GemmWarpPolicy (how the warps split the tile); `smem_epilogue` stages C
     through shared memory (one bulk store, TMA on sm_90a) instead of each thread storing its
-    fragment. `wave` > 0: a persistent grid of that many blocks walking the tiles of C, so one
-    tile's epilogue overlaps the next tile's loads (0: one block per tile)."""
+    fragment."""
 
     block_m: int
     block_n: int
@@ -84,7 +85,6 @@ class Tile:
     stages: int = MIN_STAGES
     policy: str = "Square"
     smem_epilogue: bool = False
-    wave: int = 0
 
     def stage_bytes(self, itemsize: int) -> int:
         return (self.block_m + self.block_n) * self.block_k * itemsize
@@ -100,7 +100,10 @@ class Tile:
 # 4% faster than Square at 4096^3 and 8192^3 with four stages (gemm_tiles_h200.py). C staged
 # in shared memory and stored in bulk: 128 x 256 at 4096^3 0.88x torch.matmul against 0.83x
 # for the fragment's own stores (8192^3: 1.00x against 0.96x), 128 x 128 0.82x against 0.75x,
-# though the C tile costs 128 x 256 a pipeline stage (3 left).
+# though the C tile costs 128 x 256 a pipeline stage (3 left). A persistent grid (one block per
+# multiprocessor walking the tiles under T.Persistent, the epilogue under the next tile's
+# loads) measured slower with every tile: 0.86x against 0.92x at 4096^3, 0.94x against 1.00x
+# at 8192^3 (results/gemm_tiles_persistent_stages_nvidia_h200.md, the option of commit 169676c).
 HOPPER_TILES = (
     Tile(128, 256, 64, 256, policy="FullRow", smem_epilogue=True),
     Tile(128, 128, 64, 256, policy="FullRow", smem_epilogue=True),
@@ -383,33 +386,23 @@ def gemm_program(call: GemmCall, tile: Tile, tma: bool) -> Any:
     m = T.dynamic("m")
     hints = None if tma else NO_TMA
 
-    @T.macro
-    def one_tile(A, B, C, a_tile, b_tile, c_tile, acc, bx, by):
-        T.clear(acc)
-        for kk in T.Pipelined(T.ceildiv(k, bk), num_stages=tile.stages):
-            T.copy(A[by * bm, kk * bk], a_tile, annotations=hints)
-            T.copy(B[kk * bk, bx * bn], b_tile, annotations=hints)
-            T.gemm(a_tile, b_tile, acc, policy=getattr(T.GemmWarpPolicy, tile.policy))
-        if tile.smem_epilogue:
-            T.copy(acc, c_tile)
-            T.copy(c_tile, C[by * bm, bx * bn])
-        else:
-            T.copy(acc, C[by * bm, bx * bn])
-
     def main(A, B, C):
-        grid = (tile.wave,) if tile.wave else (T.ceildiv(n, bn), T.ceildiv(m, bm))
-        with T.Kernel(*grid, threads=tile.threads) as block:
+        with T.Kernel(T.ceildiv(n, bn), T.ceildiv(m, bm), threads=tile.threads) as (bx, by):
             a_tile = T.alloc_shared((bm, bk), dtype)
             b_tile = T.alloc_shared((bk, bn), dtype)
-            c_tile = T.alloc_shared((bm, bn), dtype) if tile.smem_epilogue else None
             acc = T.alloc_fragment((bm, bn), "float32")
-            if tile.wave:  # tiles in panels of SWIZZLE_PANEL columns, as T.use_swizzle does
-                domain = [T.ceildiv(m, bm), T.ceildiv(n, bn)]
-                for by, bx in T.Persistent(domain, tile.wave, block, group_size=SWIZZLE_PANEL):
-                    one_tile(A, B, C, a_tile, b_tile, c_tile, acc, bx, by)
+            T.use_swizzle(SWIZZLE_PANEL)
+            T.clear(acc)
+            for kk in T.Pipelined(T.ceildiv(k, bk), num_stages=tile.stages):
+                T.copy(A[by * bm, kk * bk], a_tile, annotations=hints)
+                T.copy(B[kk * bk, bx * bn], b_tile, annotations=hints)
+                T.gemm(a_tile, b_tile, acc, policy=getattr(T.GemmWarpPolicy, tile.policy))
+            if tile.smem_epilogue:
+                c_tile = T.alloc_shared((bm, bn), dtype)
+                T.copy(acc, c_tile)
+                T.copy(c_tile, C[by * bm, bx * bn])
             else:
-                T.use_swizzle(SWIZZLE_PANEL)
-                one_tile(A, B, C, a_tile, b_tile, c_tile, acc, *block)
+                T.copy(acc, C[by * bm, bx * bn])
 
     return tiles.prim_func(main, dtype, A=(m, k), B=(k, n), C=(m, n))
 
