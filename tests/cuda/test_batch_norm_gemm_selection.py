@@ -29,32 +29,82 @@ def gemm_key(call, arch: int) -> str:
         return GemmOp().key_for("gemm", call)
 
 
-# (batch, channels, spatial, arch) -> key at every edge; split/tiled turn at 1.9 x SMs channels,
-# and at half of them for channels shorter than 2^17 values.
+# (batch, channels, spatial, arch) -> key at every edge. On sm_90 a cluster holds every ResNet-50
+# channel (cluster_channel); split/tiled, which turn at 1.9 x SMs channels (and at half of them
+# for channels shorter than 2^17 values), serve there only what no cluster holds.
 BN_EDGES = [
     ((8, 4096, 4), 90, "tilelang_bn_thread_channel"),  # n = 32
     ((1, 3, 1), 80, "tilelang_bn_thread_channel"),
     ((3, 5, 11), 90, "tilelang_bn_block_channel"),  # n = 33
     ((32, 64, 512), 90, "tilelang_bn_block_channel"),  # n = 16384
     ((32, 2048, 49), 80, "tilelang_bn_block_channel"),  # ResNet-50 layer4 at batch 32
-    ((1, 8, 16385), 90, "tilelang_bn_split_channel"),
-    ((32, 64, 3136), 90, "tilelang_bn_split_channel"),  # ResNet-50 layer1
+    ((1, 8, 16385), 90, "tilelang_bn_cluster_channel"),
+    ((32, 64, 3136), 90, "tilelang_bn_cluster_channel"),  # ResNet-50 layer1
+    ((32, 64, 3136), 80, "tilelang_bn_tiled"),  # 64 >= 108 / 2, n < 2^17
     ((4, 128, 1 << 20), 80, "tilelang_bn_split_channel"),
-    ((256, 250, 784), 90, "tilelang_bn_split_channel"),  # 250 < 1.9 x 132, n = 200704
-    ((256, 251, 784), 90, "tilelang_bn_tiled"),
+    ((4, 128, 1 << 20), 90, "tilelang_bn_split_channel"),  # 4M values: no cluster holds them
+    ((256, 512, 784), 90, "tilelang_bn_cluster_channel"),  # ResNet-50 layer2 at batch 256
     ((256, 205, 1024), 80, "tilelang_bn_split_channel"),  # 205 < 1.9 x 108, n = 2^18
     ((256, 206, 1024), 80, "tilelang_bn_tiled"),
-    ((32, 65, 4096), 90, "tilelang_bn_split_channel"),  # 65 < 132 / 2, n = 2^17
-    ((32, 66, 4095), 90, "tilelang_bn_tiled"),  # n = 2^17 - 32
-    ((32, 66, 4096), 90, "tilelang_bn_split_channel"),  # n = 2^17
-    ((256, 128, 784), 90, "tilelang_bn_split_channel"),  # n = 200704
     ((256, 2048, 49), 90, "tilelang_bn_block_channel"),  # ResNet-50 layer4, batch 256
-    ((256, 512, 784), 90, "tilelang_bn_tiled"),  # ResNet-50 layer2 at batch 256
+]
+
+# split_channel's own edges on sm_90 (132 SMs): (shape, whether it serves).
+SPLIT_EDGES_SM90 = [
+    ((1, 8, 16385), True),
+    ((256, 250, 784), True),  # 250 < 1.9 x 132, n = 200704
+    ((256, 251, 784), False),  # tiled
+    ((32, 65, 4096), True),  # 65 < 132 / 2, n = 2^17
+    ((32, 66, 4095), False),  # n = 2^17 - 32: tiled
+    ((32, 66, 4096), True),  # n = 2^17
 ]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,serves", SPLIT_EDGES_SM90)
+def test_split_channel_edges_on_sm_90(shape, serves, dtype):
+    with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
+        refusal = batch_norm.BatchNormSplitChannel.refusal(bn_call(*shape, dtype))
+    assert (refusal is None) == serves, refusal
+
+
+# cluster_channel: parts of at most 64 KB (three blocks per SM) on the smallest cluster, else
+# parts of half the budget on 16 blocks (bf16, 8-element vectors, 512 lanes, 1 KB scratch).
+CLUSTER_EDGES = [
+    ((1, 1, 57344), 2),  # 7 x 4096 values a part: 57344 + 1024 B
+    ((1, 1, 57352), 4),
+    ((1, 2, 917504), 16),  # 14 x 4096 values a part: 115712 B of 116224
+    ((1, 2, 917512), None),  # split_channel serves it
+]
+
+
+@pytest.mark.parametrize("shape,cluster", CLUSTER_EDGES)
+def test_cluster_channel_plan_edges(shape, cluster):
+    call = bn_call(*shape, torch.bfloat16)
+    with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
+        plan = batch_norm.cluster_channel_plan(call)
+        refusal = batch_norm.BatchNormClusterChannel.refusal(call)
+    assert (plan and plan.cluster) == cluster
+    if cluster is None:
+        assert refusal == (
+            "a channel of 917512 values does not fit 16 blocks' shared memory: split_channel or "
+            "tiled serves it"
+        )
+        assert bn_key(call, 90) == "tilelang_bn_split_channel"
+    else:
+        assert refusal is None and bn_key(call, 90) == "tilelang_bn_cluster_channel"
+        assert bn_key(call, 80) != "tilelang_bn_cluster_channel"  # clusters are sm_90's
+
+
+def test_cluster_channel_refuses_register_sized_channels():
+    with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
+        refusal = batch_norm.BatchNormClusterChannel.refusal(bn_call(32, 64, 512))
+    assert refusal == "cluster_channel serves channels of more than 16384 values, not 16384"
+
+
 # smem_channel: a channel in one block's shared memory (its slice padded to 512 lanes of
-# vectors, plus 1 KB of scratch), on at least half as many channels as SMs. Byte edges per dtype.
+# vectors, plus 1 KB of scratch), on at least half as many channels as SMs. Byte edges per
+# dtype; on sm_90 the key is its own region's verdict (cluster_channel is preferred there).
 SMEM_CHANNEL_EDGES = [
     ((256, 1024, 196), 90, torch.bfloat16, "tilelang_bn_smem_channel"),  # 103424 B
     ((256, 1024, 196), 90, torch.float32, "tilelang_bn_smem_channel"),  # 205824 of 232448 B
@@ -73,7 +123,11 @@ SMEM_CHANNEL_EDGES = [
 @pytest.mark.usefixtures("cuda_kernels_only")
 @pytest.mark.parametrize("shape,arch,dtype,key", SMEM_CHANNEL_EDGES)
 def test_batch_norm_smem_channel_edges(shape, arch, dtype, key):
-    assert bn_key(bn_call(*shape, dtype), arch) == key
+    call = bn_call(*shape, dtype)
+    with simulate_device("cuda:0", arch=arch, **SIMULATED[arch]):
+        serves = batch_norm.BatchNormSmemChannel.refusal(call) is None
+    assert serves == (key == "tilelang_bn_smem_channel")
+    assert bn_key(call, arch) == ("tilelang_bn_cluster_channel" if arch == 90 else key)
 
 
 def test_smem_channel_refusals_name_the_bytes_and_the_channels():
@@ -85,7 +139,10 @@ def test_smem_channel_refusals_name_the_bytes_and_the_channels():
         "a channel of 50176 values needs 205824 bytes of shared memory, over this device's "
         "166912 per block: tiled or split_channel serves it"
     )
-    assert few == "65 channels leave most of the 132 multiprocessors idle: split_channel serves it"
+    assert few == (
+        "65 channels leave most of the 132 multiprocessors idle: cluster_channel (sm_90) or "
+        "split_channel serves it"
+    )
 
 
 @pytest.mark.usefixtures("cuda_kernels_only")
@@ -132,11 +189,14 @@ def test_batch_norm_float64_is_left_to_the_reference(training):
 def test_batch_norm_declarations():
     keys = tileops_cuda.KERNELS[BatchNormFwdOp]
     for key, cls in keys.items():
-        assert cls.supported_archs == {80, 86, 89, 90} and cls.devices == {"cuda"}
-        assert not cls.general
+        cluster = key == "tilelang_bn_cluster_channel"
+        assert cls.supported_archs == ({90} if cluster else {80, 86, 89, 90})
+        assert cls.devices == {"cuda"} and not cls.general
         expected = (
             set() if key in ("tilelang_bn_tiled", "tilelang_bn_infer") else {"tilelang_bn_tiled"}
         )
+        if cluster:
+            expected |= {"tilelang_bn_smem_channel", "tilelang_bn_split_channel"}
         assert cls.preferred_over == expected
         if key != "tilelang_bn_infer":
             assert key == f"tilelang_bn_{cls.layout}"

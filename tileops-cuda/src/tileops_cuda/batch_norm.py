@@ -1,4 +1,4 @@
-"""BatchNorm forward kernels in TileLang: four training layouts and one inference kernel.
+"""BatchNorm forward kernels in TileLang: six training layouts and one inference kernel.
 
 x arrives as a contiguous (batch, channels, spatial) tensor, so one channel's n = batch * spatial
 values are `batch` runs of `spatial` contiguous elements, `channels * spatial` apart. Every
@@ -15,17 +15,20 @@ Which training layout serves a call (n = batch * spatial values per channel, C c
 | tilelang_bn_block_channel  | registers of one block | C          | 32 < n <= REGISTER_ROW_MAX |
 | tilelang_bn_smem_channel   | shared memory of one   | C          | longer n, in one block's   |
 |                            | block                  |            | smem; 2 C >= SMs           |
+| tilelang_bn_cluster_channel| shared memory of a     | C x 2..16  | sm_90: longer n, in 16     |
+|                            | cluster's blocks       |            | blocks' smem               |
 | tilelang_bn_split_channel  | nowhere: two kernels   | C x splits | longer n, C < ~2 x SMs     |
 | tilelang_bn_tiled          | nowhere: tiles stream  | C          | every call (the fallback)  |
 
-The first four are preferred over tiled, which serves what they refuse: long channels on a
-device that C blocks already fill twice over. Held channels (registers, shared memory) are read
-from DRAM once; split and tiled read them twice. Inference reads the running statistics: one pass,
+All but tiled are preferred over it, which serves what they refuse: long channels on a device
+that C blocks already fill twice over; on sm_90 cluster_channel is preferred over smem_channel
+and split_channel too. Held channels (registers, shared memory) are read from DRAM once; split
+and tiled read them twice. Inference reads the running statistics: one pass,
 one kernel (`tilelang_bn_infer`).
 
 Symbolic vs baked: channels and spatial are the layer's shape and are baked in (they fix the
 vector width and the index arithmetic); batch is symbolic (one build serves every batch size),
-except in block_channel, whose register layout is sized by n.
+except in the held layouts (block, smem and cluster channel), whose layout is sized by n.
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ from tileops.ops import BatchNormCall, BatchNormInferInterface, BatchNormTrainIn
 from .compile import build_program
 from .rows import (
     AMPERE_AND_LATER,
+    CLUSTER_ARCHS,
+    CLUSTER_SIZES,
+    CLUSTER_SLICE_BYTES,
     DTYPE_NAMES,
     ITEMSIZE,
     REGISTER_ROW_MAX,
@@ -269,13 +275,66 @@ class BatchNormSmemChannel(_Train):
         if 2 * call.channels < call.sm_count:
             return (
                 f"{call.channels} channels leave most of the {call.sm_count} multiprocessors "
-                "idle: split_channel serves it"
+                "idle: cluster_channel (sm_90) or split_channel serves it"
             )
         return None
 
     @classmethod
     def layout_fields(cls, call: BatchNormCall) -> tuple[Hashable, ...]:
         return (call.batch, smem_channel_plan(call))
+
+
+class BatchNormClusterChannel(_Train):
+    """sm_90, channels longer than registers hold: a thread-block cluster per channel, each block
+    holding its part in shared memory, read from DRAM once; the parts' (sum, M2) meet across
+    the cluster barrier. Preferred over smem_channel, split_channel and tiled wherever a cluster
+    holds the channel: on the H200 (bf16, % of copy on three passes' bytes, same run) 61 against
+    split's 35 at 32x64x3136, 89-104 against 53-76 at 256x{128,256,512}x784, 72-80 against
+    61-69 at 256x{64,128,256}x3136, 80 and 77 against smem_channel's 67 and 68 at 256x512x196
+    and 32x256x3136, 60 against 62 at 32x128x784 (results/bn_layouts_nvidia_h200.md)."""
+
+    layout = "cluster_channel"
+    supported_archs = CLUSTER_ARCHS
+    preferred_over = frozenset(
+        {"tilelang_bn_smem_channel", "tilelang_bn_split_channel", "tilelang_bn_tiled"}
+    )
+
+    @classmethod
+    def region_refusal(cls, call: BatchNormCall) -> str | None:
+        n = values_per_channel(call)
+        if n <= REGISTER_ROW_MAX:
+            return (
+                f"cluster_channel serves channels of more than {REGISTER_ROW_MAX} values, not {n}"
+            )
+        if cluster_channel_plan(call) is None:
+            return (
+                f"a channel of {n} values does not fit {CLUSTER_SIZES[-1]} blocks' shared memory: "
+                "split_channel or tiled serves it"
+            )
+        return None
+
+    @classmethod
+    def layout_fields(cls, call: BatchNormCall) -> tuple[Hashable, ...]:
+        return (call.batch, cluster_channel_plan(call))
+
+    def __init__(self, call: BatchNormCall, compiled: list[Any]) -> None:
+        super().__init__(call, compiled)
+        self.cluster = cluster_channel_plan(call).cluster
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        running_mean: torch.Tensor | None,
+        running_var: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The kernel with its cluster's workspace: each part's (sum, M2)."""
+        y = torch.empty_like(x)
+        work = torch.empty((self.channels, self.cluster, 2), dtype=torch.float32, device=x.device)
+        params = self.per_channel(x, weight, bias, running_mean, running_var)
+        self.compiled[0](x, *params, work, y)
+        return y
 
 
 class BatchNormSplitChannel(_Train):
@@ -383,6 +442,21 @@ def smem_channel_plan(call: BatchNormCall) -> RowPlan:
     return with_occupancy(RowPlan("shared", 1, SMEM_CHANNEL_THREADS, vec, chunks), call)
 
 
+def cluster_channel_plan(call: BatchNormCall) -> RowPlan | None:
+    """The smallest cluster (CLUSTER_SIZES) of SMEM_CHANNEL_THREADS-thread blocks whose parts of
+    the channel fit CLUSTER_SLICE_BYTES (three blocks per multiprocessor), else half the
+    shared-memory budget (two); None when 16 parts do not fit."""
+    vec = vector_width(call.spatial, call.dtype)
+    vectors = values_per_channel(call) // vec
+    for limit in (CLUSTER_SLICE_BYTES, call.smem_budget // 2):
+        for size in CLUSTER_SIZES:
+            chunks = _ceil_div(vectors, size * SMEM_CHANNEL_THREADS)
+            plan = RowPlan("shared", 1, SMEM_CHANNEL_THREADS, vec, chunks, cluster=size)
+            if plan_smem_bytes(plan, call.dtype) <= limit:
+                return with_occupancy(plan, call)
+    return None
+
+
 def split_chunk_vectors(call: BatchNormCall) -> int:
     """Vectors of one channel each split covers: enough splits that C x splits blocks give
     every multiprocessor SPLIT_BLOCKS_PER_SM of them, a power of two (batch sizes within a
@@ -427,22 +501,29 @@ def _signature(main, shape: _Shape, batch: Any = None, **extra):
 
 
 def train_program(layout: str, call: BatchNormCall, fields: tuple) -> Any:
-    """The prim_func of one single-kernel training layout (all but split_channel)."""
+    """The prim_func of one single-kernel training layout (all but split_channel); a cluster's
+    takes its workspace S before Y."""
     shape = _Shape(call)
-    if layout == "thread_channel":
-        body = _thread_channel_body(shape)
-        batch = None
-    elif layout in ("block_channel", "smem_channel"):
+    if layout in ("block_channel", "smem_channel", "cluster_channel"):
         batch, plan = fields
-        body = _held_channel_body(shape, batch, plan)
-    else:
-        body = _streamed_body(shape)
-        batch = None
+        held_body = _held_channel_body(shape, batch, plan)
+        if plan.cluster > 1:
+
+            def main(X, W, Bias, RM, RV, S, Y):
+                held_body(X, W, Bias, RM, RV, S, Y)
+
+            return _signature(main, shape, batch, S=(shape.channels, plan.cluster, 2))
+
+        def main(X, W, Bias, RM, RV, Y):
+            held_body(X, W, Bias, RM, RV, None, Y)
+
+        return _signature(main, shape, batch)
+    body = _thread_channel_body(shape) if layout == "thread_channel" else _streamed_body(shape)
 
     def main(X, W, Bias, RM, RV, Y):
         body(X, W, Bias, RM, RV, Y)
 
-    return _signature(main, shape, batch)
+    return _signature(main, shape)
 
 
 def _epilogue(shape: _Shape):
@@ -503,72 +584,95 @@ def _thread_channel_body(shape: _Shape):
 
 
 def _held_channel_body(shape: _Shape, batch: int, plan: RowPlan):
-    """block_channel and smem_channel: the channel read once into `plan.hold` (float32
-    registers, or shared memory in x's dtype), then the exact mean, the exact squared
-    deviations and the output, all from what is held."""
+    """block_channel, smem_channel and cluster_channel: the channel read once into `plan.hold`
+    (float32 registers, or shared memory in x's dtype), then the exact mean, the exact squared
+    deviations and the output, all from what is held. With a cluster, block `part` holds the
+    channel's vectors [part * held, (part + 1) * held) and the blocks' (sum, M2) meet in
+    S[channel, part] across the cluster barrier (Chan's merge)."""
     import tilelang.language as T
 
     from . import tiles
 
     _, update_stats = _epilogue(shape)
-    lanes, vec, runs = plan.lanes, plan.vec, shape.runs
+    lanes, vec, runs, cluster = plan.lanes, plan.vec, shape.runs, plan.cluster
     vectors = batch * runs
-    exact = plan.chunks * lanes == vectors
+    held = plan.chunks * lanes  # vectors one block holds
+    exact = held * cluster == vectors
     count = float(batch * shape.spatial)
     in_registers = plan.hold == "registers"
 
-    def slot(k, j):
-        """Where the lane's k-th vector, the channel's j-th, is held: registers are indexed by
-        constants (k), shared memory by the vector's place in the channel (j)."""
-        return k * vec if in_registers else j * vec
+    def slot(k, local):
+        """Where the lane's k-th vector, the block's `local`-th, is held: registers are indexed
+        by constants (k), shared memory by the vector's place in the block's part."""
+        return k * vec if in_registers else local * vec
+
+    def part_values(part):
+        return T.Cast("float32", T.min(T.max(vectors - part * held, 0), held) * vec)
 
     @T.macro
-    def body(X, W, Bias, RM, RV, Y):
-        with T.Kernel(shape.channels, threads=lanes) as c:
+    def body(X, W, Bias, RM, RV, S, Y):
+        with tiles.launch(plan, shape.channels) as bx:
             T.annotate_min_blocks_per_sm(plan.blocks_per_sm)
+            c, part = bx // cluster, bx % cluster
             lane = T.get_thread_binding()
-            held = tiles.row_store(plan, shape.dtype)
+            store = tiles.row_store(plan, shape.dtype)
             scratch = T.alloc_shared((2, tiles.warps(plan)), "float32")
             t = T.alloc_local((vec,), "float32")
             total = T.alloc_var("float32", init=0.0)
             square = T.alloc_var("float32", init=0.0)
             for k in tiles.chunk_loop(plan):
-                j = k * lanes + lane
+                local = k * lanes + lane
+                j = part * held + local
                 if exact or j < vectors:
                     if in_registers:
                         for v in T.vectorized(vec):
-                            held[slot(k, j) + v] = f32(X[j // runs, c, (j % runs) * vec + v])
+                            store[slot(k, local) + v] = f32(X[j // runs, c, (j % runs) * vec + v])
                     else:
                         for v in T.vectorized(vec):
-                            held[slot(k, j) + v] = X[j // runs, c, (j % runs) * vec + v]
+                            store[slot(k, local) + v] = X[j // runs, c, (j % runs) * vec + v]
                     for v in T.vectorized(vec):
-                        t[v] = held[slot(k, j) + v]
+                        t[v] = store[slot(k, local) + v]
                     for v in T.unroll(vec):
                         total += t[v]
-            mean = tiles.reduce_group(total, "sum", plan, scratch, 0, lane) / count
+            part_total = tiles.reduce_group(total, "sum", plan, scratch, 0, lane)
+            part_mean = part_total / T.max(part_values(part), 1.0)
             for k in tiles.chunk_loop(plan):
-                j = k * lanes + lane
-                if exact or j < vectors:
+                local = k * lanes + lane
+                if exact or part * held + local < vectors:
                     for v in T.vectorized(vec):
-                        t[v] = held[slot(k, j) + v]
+                        t[v] = store[slot(k, local) + v]
                     for v in T.unroll(vec):
-                        square += (t[v] - mean) * (t[v] - mean)
-            var = tiles.reduce_group(square, "sum", plan, scratch, 1, lane) / count
+                        square += (t[v] - part_mean) * (t[v] - part_mean)
+            part_m2 = tiles.reduce_group(square, "sum", plan, scratch, 1, lane)
+            mean = T.alloc_var("float32", init=part_mean)
+            var = T.alloc_var("float32", init=part_m2 / count)
+            if cluster > 1:
+                tiles.share_partials(S, c, part, part_total, part_m2)
+                mean = 0.0
+                for p in T.unroll(cluster):
+                    mean += S[c, p, 0]
+                mean = mean / count
+                var = 0.0
+                for p in T.unroll(cluster):
+                    gap = S[c, p, 0] / T.max(part_values(p), 1.0) - mean
+                    var += S[c, p, 1] + part_values(p) * gap * gap
+                var = var / count
             scale = T.rsqrt(var + shape.eps)
             if shape.weight:
                 scale = scale * f32(W[c])
             for k in tiles.chunk_loop(plan):
-                j = k * lanes + lane
+                local = k * lanes + lane
+                j = part * held + local
                 if exact or j < vectors:
                     b, s = j // runs, (j % runs) * vec
                     for v in T.vectorized(vec):
-                        t[v] = held[slot(k, j) + v]
+                        t[v] = store[slot(k, local) + v]
                     for v in T.vectorized(vec):
                         if shape.bias:
                             Y[b, c, s + v] = (t[v] - mean) * scale + f32(Bias[c])
                         else:
                             Y[b, c, s + v] = (t[v] - mean) * scale
-            if lane == 0:
+            if lane == 0 and part == 0:
                 update_stats(RM, RV, c, mean, var, count)
 
     return body
