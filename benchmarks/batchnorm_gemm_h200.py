@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -38,6 +37,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from provenance import git_commit
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # ResNet-50's BatchNorm layers as (channels, height, width), torchvision's layout.
@@ -262,14 +262,6 @@ def _cell(value: float | None, name: str) -> str:
     if value is None:
         return "-"
     return f"{value:.1e}" if name.endswith("rel. error") else f"{value:.1f}"
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True)
-        return out.stdout.decode().strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -28,8 +28,8 @@ from batchnorm_gemm_h200 import (
     bn_call_for,
     bn_params,
     copy_gbps,
-    git_commit,
 )
+from provenance import git_commit
 
 SHAPES = ("32x256x3136", "32x128x3136", "32x64x3136", "32x512x784", "256x512x196",
           "256x1024x196", "256x128x784")  # fmt: skip

@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 from pathlib import Path
 
 import torch
 import triton
+from provenance import git_commit
 from triton.testing import do_bench
 
 from tileops.ops import GemmCall
@@ -83,14 +83,6 @@ def markdown(rows: list[dict], meta: dict) -> str:
     verdict = "met" if got >= goal else "not met"
     lines += ["", f"Goal: Triton >= {goal:.0%} of torch at {gm}^3: {got:.0%}, {verdict}."]
     return "\n".join(lines) + "\n"
-
-
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True)
-        return out.stdout.decode().strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 def main() -> None:

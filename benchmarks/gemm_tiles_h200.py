@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 from batchnorm_gemm_h200 import bench, copy_gbps
+from provenance import git_commit
 
 SQUARE = [(4096, 4096, 4096), (8192, 8192, 8192)]
 SKINNY = [(1, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096), (1, 8192, 8192), (64, 8192, 8192)]
@@ -155,7 +156,7 @@ def main() -> None:
         errors = dict(zip(todo, pool.map(prebuild, todo), strict=True))
     device = torch.cuda.get_device_name()
     lines = [f"# GEMM tile sweep on {device}\n",
-             f"{datetime.date.today()}, commit {os.environ.get('GIT_COMMIT', '?')}, torch "
+             f"{datetime.date.today()}, commit {git_commit()}, torch "
              f"{torch.__version__}, bfloat16; medians of do_bench (L2 cleared), best of "
              f"{args.rounds}. Hopper settings: block_m block_n block_k stages policy "
              "epilogue; skinny: block_n block_k blocks-per-SM fixup stages (0: the "

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import platform
 import statistics
-import subprocess
 import time
 
 import torch
 import torch.nn.functional as F
+from provenance import git_commit
 
 import tileops
 from tileops import library
@@ -119,12 +118,7 @@ def measure(device: str, dtype: torch.dtype, number: int, repeats: int) -> list[
 
 
 def report(rows: list[tuple], device: str, dtype: torch.dtype) -> str:
-    commit = (
-        os.environ.get("GIT_COMMIT")
-        or subprocess.run(  # .git may not travel
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-    )
+    commit = git_commit()
     name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
     lines = [
         "host time per call, decode-sized inputs (rows 1 x 4096, GEMM 1 x 256 x 256, BatchNorm "

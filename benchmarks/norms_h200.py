@@ -20,13 +20,13 @@ import datetime
 import json
 import math
 import os
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from provenance import git_commit
 
 import tileops
 from tileops.backend import key_serves, register_kernel_type
@@ -257,17 +257,9 @@ def plot(results: list[dict], stamp: dict, path: str) -> None:
 
 
 def stamp() -> dict[str, str]:
-    commit = os.environ.get("GIT_COMMIT", "")  # where the tree travelled without .git
-    if not commit:
-        try:
-            commit = subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-            ).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            commit = "unknown"
     return {
         "date": datetime.date.today().isoformat(),
-        "commit": commit,
+        "commit": git_commit(),
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "tileops": tileops.__version__ if hasattr(tileops, "__version__") else "",

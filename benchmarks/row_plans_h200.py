@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from batchnorm_gemm_h200 import bench
 from norms_h200 import DTYPES, ELEMENTS, EPS, _op_setup
+from provenance import git_commit
 
 THREADS = (256, 512, 1024)
 CLUSTER_SIZES = (2, 4, 8, 16)
@@ -223,7 +224,7 @@ def main() -> None:
             print(*errors, sep="\n")
     device = torch.cuda.get_device_name()
     lines = [f"# Row plan sweep on {device}\n",
-             f"{datetime.date.today()}, commit {os.environ.get('GIT_COMMIT', '?')}, torch "
+             f"{datetime.date.today()}, commit {git_commit()}, torch "
              f"{torch.__version__}; M*N = 2^26, medians of do_bench (L2 cleared), best of "
              f"{args.rounds}; % of a same-run copy of the op's bytes."]  # fmt: skip
     out = Path(args.out)

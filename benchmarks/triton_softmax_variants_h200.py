@@ -8,12 +8,12 @@ warps) are read off its table (results/triton_softmax_variants_nvidia_h200.txt).
 
 import datetime
 import itertools
-import os
 
 import torch
 import triton
 import triton.language as tl
 from batchnorm_gemm_h200 import bench, copy_gbps
+from provenance import git_commit
 
 WARPS = {1024: (4, 8), 4096: (8, 16), 8192: (8, 16), 16384: (16, 32), 32768: (16, 32)}
 
@@ -79,8 +79,7 @@ def measure(n: int) -> list[str]:
 
 
 def main() -> None:
-    commit = os.environ.get("GIT_COMMIT", "?")
-    print(f"{datetime.date.today()}, commit {commit}, {torch.cuda.get_device_name()}")
+    print(f"{datetime.date.today()}, commit {git_commit()}, {torch.cuda.get_device_name()}")
     for n in WARPS:
         print("\n".join(measure(n)), flush=True)
 

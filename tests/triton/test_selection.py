@@ -201,13 +201,15 @@ def test_cpu_is_served_only_under_the_interpreter(triton_alone) -> None:
 
 def test_row_plan_fuses_rows_up_to_32k_with_the_measured_warps() -> None:
     """The H200 sweep's launch table: a whole 32K row in one 32-warp program, longer rows
-    looped; at 16K RMSNorm takes 8 warps and softmax 32, at 8K softmax 16."""
+    looped; at 16K RMSNorm takes 8 warps (read evict_first) and softmax 32, at 8K softmax 16."""
     from tileops_triton.rows import LOOP_CHUNK, RowPlan, row_plan
 
     assert row_plan(32768, "softmax") == RowPlan(True, 32768, 1, 32)
     assert row_plan(20000, "layer_norm") == RowPlan(True, 32768, 1, 32)
     assert row_plan(32769, "rms_norm") == RowPlan(False, LOOP_CHUNK, 1, 16)
     assert row_plan(16384, "rms_norm").warps == 8
+    assert not row_plan(16384, "rms_norm").cached  # evict_first, as swept
+    assert row_plan(8192, "rms_norm").cached and row_plan(16384, "layer_norm").cached
     assert row_plan(16384, "layer_norm").warps == 16
     assert row_plan(16384, "softmax").warps == 32
     assert (row_plan(8192, "layer_norm").warps, row_plan(8192, "softmax").warps) == (4, 16)

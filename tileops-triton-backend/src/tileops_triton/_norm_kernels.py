@@ -76,13 +76,17 @@ def layer_norm_looped(
 
 @triton.jit
 def rms_norm_fused(
-    X, W, Y, rows, n, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_W: tl.constexpr
-):
+    X, W, Y, rows, n, eps,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_W: tl.constexpr, CACHED: tl.constexpr,
+):  # fmt: skip
     r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     mask = (r[:, None] < rows) & (cols[None, :] < n)
     offs = r[:, None] * n + cols[None, :]
-    x = tl.load(X + offs, mask=mask, other=0.0, cache_modifier=".ca").to(tl.float32)
+    if CACHED:
+        x = tl.load(X + offs, mask=mask, other=0.0, cache_modifier=".ca").to(tl.float32)
+    else:
+        x = tl.load(X + offs, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n + eps)
     y = _affine(x * rstd[:, None], W, W, cols[None, :], cols[None, :] < n, HAS_W, False)
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)

@@ -145,7 +145,7 @@ def rms_norm(
     if plan.fused:
         programs.rms_norm_fused[plan.grid(rows)](
             x, w, out, rows, n, eps, ROWS=plan.rows, BLOCK=plan.block, HAS_W=has_w,
-            num_warps=plan.warps,
+            CACHED=plan.cached, num_warps=plan.warps,
         )  # fmt: skip
     else:
         programs.rms_norm_looped[(rows,)](

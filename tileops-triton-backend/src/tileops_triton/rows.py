@@ -39,6 +39,10 @@ FUSED_WARPS = {2048: 4, 4096: 8, 8192: 4, 16384: 16, 32768: 32}  # row block -> 
 # Where one family measured otherwise: softmax with `.ca` loads, 16 warps at 8192 (97.9% of copy
 # against 97.2 with 8) and 32 at 16384 (91.7 against 90.8 with 16), triton_softmax_variants.
 FAMILY_FUSED_WARPS = {"rms_norm": {16384: 8}, "softmax": {8192: 16, 16384: 32}}
+# RMSNorm's 16K row (8 warps) keeps the `evict_first` read it was swept with (95% of copy): with
+# `.ca` it ran 78% in the next norms run (e58885f) and compiles to 127 registers against 110,
+# while `.ca` lifted its 4K, 8K and 32K rows by 4-6 points.
+FAMILY_UNCACHED = {"rms_norm": {16384}}
 LOOP_CHUNK = 4096
 LOOP_WARPS = 16
 
@@ -51,6 +55,7 @@ class RowPlan:
     block: int
     rows: int
     warps: int
+    cached: bool = True  # the fused read through L1 (`.ca`), else `evict_first` (RMSNorm only)
 
     def grid(self, rows: int) -> tuple[int]:
         return (cdiv(rows, self.rows),)
@@ -64,4 +69,5 @@ def row_plan(n: int, family: str) -> RowPlan:
         return RowPlan(fused=False, block=LOOP_CHUNK, rows=1, warps=LOOP_WARPS)
     rows = max(SHORT_TILE // block, 1)
     warps = FAMILY_FUSED_WARPS.get(family, {}).get(block, FUSED_WARPS.get(block, 4))
-    return RowPlan(fused=True, block=block, rows=rows, warps=warps)
+    cached = block not in FAMILY_UNCACHED.get(family, ())
+    return RowPlan(fused=True, block=block, rows=rows, warps=warps, cached=cached)
