@@ -191,8 +191,13 @@ class _BatchNorm(Kernel):
     ) -> torch.Tensor:
         """One kernel over x (the split layout, two kernels, has its own)."""
         y = torch.empty_like(x)
-        self.compiled[0](x, *self.per_channel(x, weight, bias, running_mean, running_var), y)
+        params = self.per_channel(x, weight, bias, running_mean, running_var)
+        self.compiled[0](x, *params, *self.workspace(x), y)
         return y
+
+    def workspace(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Scratch tensors the kernel takes before y: none but a cluster's."""
+        return ()
 
     def per_channel(self, x: torch.Tensor, *tensors: torch.Tensor | None) -> list[torch.Tensor]:
         """The per-channel tensors, a placeholder where one is absent."""
@@ -321,20 +326,11 @@ class BatchNormClusterChannel(_Train):
         super().__init__(call, compiled)
         self.cluster = cluster_channel_plan(call).cluster
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor | None,
-        bias: torch.Tensor | None,
-        running_mean: torch.Tensor | None,
-        running_var: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """The kernel with its cluster's workspace: each part's (sum, M2)."""
-        y = torch.empty_like(x)
-        work = torch.empty((self.channels, self.cluster, 2), dtype=torch.float32, device=x.device)
-        params = self.per_channel(x, weight, bias, running_mean, running_var)
-        self.compiled[0](x, *params, work, y)
-        return y
+    def workspace(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Each part's (sum, M2), met across the cluster barrier."""
+        return (
+            torch.empty((self.channels, self.cluster, 2), dtype=torch.float32, device=x.device),
+        )
 
 
 class BatchNormSplitChannel(_Train):
@@ -648,15 +644,8 @@ def _held_channel_body(shape: _Shape, batch: int, plan: RowPlan):
             var = T.alloc_var("float32", init=part_m2 / count)
             if cluster > 1:
                 tiles.share_partials(S, c, part, part_total, part_m2)
-                mean = 0.0
-                for p in T.unroll(cluster):
-                    mean += S[c, p, 0]
-                mean = mean / count
-                var = 0.0
-                for p in T.unroll(cluster):
-                    gap = S[c, p, 0] / T.max(part_values(p), 1.0) - mean
-                    var += S[c, p, 1] + part_values(p) * gap * gap
-                var = var / count
+                mean = tiles.merged_mean(S, c, cluster, count)
+                var = tiles.merged_var(S, c, cluster, count, mean, part_values)
             scale = T.rsqrt(var + shape.eps)
             if shape.weight:
                 scale = scale * f32(W[c])

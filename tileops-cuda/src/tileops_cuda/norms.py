@@ -145,6 +145,9 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
     first_vector = dataclasses.replace(plan, hold="none")  # reads X itself, whatever the hold
     m = T.dynamic("m")
 
+    def slice_values(part):
+        return T.Cast("float32", T.min(T.max(n - part * size, 0), size))
+
     @T.macro
     def body(X, W, B, S, Y):
         with tiles.launch(plan, m) as bx:
@@ -223,16 +226,8 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
                 var = spread / n
                 if cluster > 1:  # Chan's merge of the slices' (count, mean, M2)
                     tiles.share_partials(S, row, part, total, spread)
-                    mean = 0.0
-                    for p in T.unroll(cluster):
-                        mean += S[row, p, 0]
-                    mean = mean / n
-                    var = 0.0
-                    for p in T.unroll(cluster):
-                        count = T.Cast("float32", T.min(T.max(n - p * size, 0), size))
-                        gap = S[row, p, 0] / T.max(count, 1.0) - mean
-                        var += S[row, p, 1] + count * gap * gap
-                    var = var / n
+                    mean = tiles.merged_mean(S, row, cluster, n)
+                    var = tiles.merged_var(S, row, cluster, n, mean, slice_values)
                 mean = shift + mean  # shifted sums' mean is relative to the row's first element
             rstd = T.rsqrt(var + eps)
             for k in tiles.chunk_loop(plan):

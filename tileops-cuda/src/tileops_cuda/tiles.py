@@ -69,6 +69,26 @@ def share_partials(S, row, part, first, second):
     T.cluster_sync()
 
 
+@T.macro
+def merged_mean(S, row, parts: int, values):
+    """The whole's mean from the parts' sums in S[row, :, 0] (share_partials), over `values`."""
+    acc = T.alloc_var("float32", init=0.0)
+    for p in T.unroll(parts):
+        acc += S[row, p, 0]
+    return acc / values
+
+
+@T.macro
+def merged_var(S, row, parts: int, values, mean, count_of):
+    """Chan's merge of the parts' (sum, M2) in S[row]: the whole's variance over `values`, each
+    part p holding `count_of(p)` of them."""
+    acc = T.alloc_var("float32", init=0.0)
+    for p in T.unroll(parts):
+        gap = S[row, p, 0] / T.max(count_of(p), 1.0) - mean
+        acc += S[row, p, 1] + count_of(p) * gap * gap
+    return acc / values
+
+
 def row_store(plan: RowPlan, dtype: str):
     """Where a lane keeps its row between passes: float32 registers, the block's shared memory
     in the input dtype (the row at its storage size), or nowhere (None: read X again)."""
