@@ -6,14 +6,15 @@ The plan constants in `tileops_cuda.rows` are read off this table. cluster_row c
 the row over clusters of 2, 4, 8 or (beyond the portable sizes) 16 blocks of 256 to 1024
 threads, each block keeping a 16-128 KB slice; block_row and smem_row candidates give the row
 128 to 1024 threads. LayerNorm's shared-memory candidates run with and without their
-statistics gathered while the row loads (`RowPlan.one_pass`). Every candidate runs at the
-occupancy `with_occupancy` gives it.
+statistics gathered while the row loads (`RowPlan.one_pass`), and on sm_90 every shared-memory
+candidate also with its slice brought by TMA (`RowPlan.bulk`). Every candidate runs at the
+occupancy `with_occupancy` gives it; `--only REGEX` keeps the candidates whose label matches.
 The `triton` layout sweeps the Triton programs (`tileops_triton.rows`): the whole row in one
 block of 8, 16 or 32 warps, or looped over 2048- to 8192-element chunks with 8 or 16 warps.
 
     python benchmarks/row_plans_h200.py [--layouts cluster_row,block_row,smem_row,triton]
         [--ops ...] [--dtypes bfloat16,float32] [--sizes 65536,131072,262144] [--workers 14]
-        [--out DIR]
+        [--only REGEX] [--out DIR]
 
 Writes `<out>/row_plans_<layouts>_<device>.md`; candidates that fail to build are listed with
 the error.
@@ -26,6 +27,7 @@ import concurrent.futures
 import datetime
 import multiprocessing
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -47,13 +49,17 @@ TRITON_FUSED_MAX = 65536
 
 def plans(layout: str, op: str, call: Any) -> list[Any]:
     """The candidate plans of `layout` for `call`; LayerNorm's shared-memory plans with and
-    without one-pass statistics."""
+    without one-pass statistics; shared-memory plans with and without TMA (sm_90)."""
     import dataclasses
+
+    from tileops_cuda.rows import bulk_eligible
 
     found = cluster_plans(call) if layout == "cluster_row" else block_plans(layout, call)
     if op == "layer_norm":
         found += [dataclasses.replace(p, one_pass=True) for p in found
                   if p.hold == "shared" and p.vec > 1]  # fmt: skip
+    found += [dataclasses.replace(p, bulk=True) for p in found
+              if bulk_eligible(p, call.n, call.dtype, call.arch)]  # fmt: skip
     return found
 
 
@@ -116,20 +122,26 @@ def _setup(job: Job, rows_: int) -> tuple[Any, tuple, Any, Any]:
     return args, eager, call, x
 
 
+ONLY = os.environ.get("ROW_PLANS_ONLY", "")  # --only, seen by the spawned workers too
+
+
 def candidates(job: Job, call: Any) -> list[tuple[str, Callable[[], Any]]]:
-    """(label, build) for every candidate of the job's layout."""
+    """(label, build) for every candidate of the job's layout whose label matches --only."""
     layout, op, dtype, _ = job
     if layout == "triton":
-        return [(triton_label(p), lambda p=p: triton_kernel(op, p)) for p in triton_plans(call)]
-    itemsize = DTYPES[dtype].itemsize
-    found = plans(layout, op, call)
-    return [(plan_label(p, itemsize), lambda p=p: build(layout, op, call, p)) for p in found]
+        found = [(triton_label(p), lambda p=p: triton_kernel(op, p)) for p in triton_plans(call)]
+    else:
+        itemsize = DTYPES[dtype].itemsize
+        found = [(plan_label(p, itemsize), lambda p=p: build(layout, op, call, p))
+                 for p in plans(layout, op, call)]  # fmt: skip
+    return [(label, make) for label, make in found if re.search(ONLY, label)]
 
 
 def plan_label(plan: Any, itemsize: int) -> str:
     one_pass = ", one pass" if plan.one_pass else ""
+    bulk = ", TMA" if plan.bulk else ""
     return (f"{plan.lanes} threads, cluster {plan.cluster}, {plan.slice * itemsize // 1024} KB "
-            f"per block, {plan.blocks_per_sm}/SM{one_pass}")  # fmt: skip
+            f"per block, {plan.blocks_per_sm}/SM{one_pass}{bulk}")  # fmt: skip
 
 
 def triton_plans(call: Any) -> list[Any]:
@@ -213,8 +225,11 @@ def main() -> None:
     parser.add_argument("--sizes", default="65536,131072,262144")
     parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 14))
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--only", default="", help="regex over candidate labels")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
+    global ONLY
+    ONLY = os.environ["ROW_PLANS_ONLY"] = args.only
     sizes = [int(size) for size in args.sizes.split(",")]
     layouts, ops, dtypes = args.layouts.split(","), args.ops.split(","), args.dtypes.split(",")
     todo = [(lay, op, dt, n) for lay in layouts for dt in dtypes for op in ops for n in sizes]

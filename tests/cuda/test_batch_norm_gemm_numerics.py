@@ -207,15 +207,29 @@ def test_dispatched_gemm_matches_torch(shape):
         assert _rel_err(got, want) < TOLERANCE[torch.bfloat16]
 
 
-def test_hopper_gemm_takes_an_unaligned_view():
-    """A view starting off a 16-byte boundary is copied before TMA reads it."""
-    a, b = _gemm_inputs(4097, 4096, 4096, torch.bfloat16)
-    a = a.view(-1)[3 : 3 + 4096 * 4096].view(4096, 4096)
-    call = gemm_call(4096, 4096, 4096, torch.bfloat16)
-    if not runs_here(gemm.GemmHopper):
-        pytest.skip("needs sm_90")
-    got = gemm.GemmHopper.entry_for(call)[1]()(a, b)
+@pytest.mark.parametrize("cls", list(GEMM_KERNELS), ids=lambda c: c.__name__)
+@pytest.mark.parametrize("m", [16, 4096])
+def test_gemm_takes_an_unaligned_view(cls, m):
+    """A view starting off a 16-byte boundary is copied before vector or TMA reads."""
+    a, b = _gemm_inputs(m + 1, 4096, 4096, torch.bfloat16)
+    a = a.view(-1)[3 : 3 + m * 4096].view(m, 4096)
+    call = gemm_call(m, 4096, 4096, torch.bfloat16)
+    if cls.refusal(call) is not None or not runs_here(cls):
+        pytest.skip("not this kernel's region or arch on this device")
+    got = cls.entry_for(call)[1]()(a, b)
     assert _rel_err(got, a.float() @ b.float()) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm_takes_an_unaligned_view(training):
+    """x starting 2 bytes past an aligned address is copied before the vector reads."""
+    shape = (32, 64, 3136)
+    buffer = torch.randn(32 * 64 * 3136 + 1, device="cuda", dtype=torch.bfloat16)
+    x = buffer[1:].view(shape)
+    _, w, bias, rm, rv = bn_inputs(shape, torch.bfloat16)
+    want = F.batch_norm(x.float(), rm.float(), rv.float(), w.float(), bias.float(), training)
+    got = BatchNormFwdOp(shape[1], training=training)(x, w, bias, rm, rv)
+    assert _rel_err(got, want) < TOLERANCE[torch.bfloat16]
 
 
 def _fixup_kernel(call) -> gemm.GemmSkinny:

@@ -11,7 +11,7 @@ import torch
 from cuda_grid import ROW_OPS, make_call
 
 import tileops_cuda
-from tileops.ops import LayerNormFwdOp, SoftmaxFwdOp
+from tileops.ops import LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
 from tileops.testing import simulate_device
 
 # One call per region (the longest row of each, odd lengths where the region allows them).
@@ -22,7 +22,7 @@ REPRESENTATIVE = {
     "stream_row": (262144, torch.bfloat16),
     "cluster_row": (262147, torch.float32),
 }
-OPS = {"LayerNormFwdOp": LayerNormFwdOp, "SoftmaxFwdOp": SoftmaxFwdOp}
+OPS = {"LayerNormFwdOp": LayerNormFwdOp, "RMSNormFwdOp": RMSNormFwdOp, "SoftmaxFwdOp": SoftmaxFwdOp}
 SMEM_BUDGET = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 CASES = [
     (op, key, cls, arch)
@@ -123,3 +123,19 @@ def test_one_pass_statistics_compile(layout, n, tilelang_cache):
         name = f"test/LayerNorm/{layout}/{variant}"
         walks[one_pass] = build_program(name, program, 90).get_kernel_source().count("for (int k")
     assert walks == {False: 3, True: 2}
+
+
+@pytest.mark.parametrize("op", ["LayerNormFwdOp", "RMSNormFwdOp"])
+def test_cluster_row_tma_slices_compile(op, tilelang_cache):
+    """RowPlan.bulk: one TMA transfer per block brings its slice (the lanes read only shared
+    memory), where the same row in bfloat16 loads through the lanes."""
+    cls = tileops_cuda.KERNELS[OPS[op]]["tilelang_cluster_row"]
+    sources = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        call = make_call(op, 65536, dtype)
+        with simulate_device("cuda:0", arch=90, sm_count=132, smem_budget=SMEM_BUDGET[90]):
+            kernel = cls.entry_for(call)[1]()
+        sources[dtype] = kernel.compiled.get_kernel_source()
+    assert "tma_load" in sources[torch.float32]
+    assert "expect_transaction(32768)" in sources[torch.float32]  # the 32 KB slice
+    assert "tma_load" not in sources[torch.bfloat16]

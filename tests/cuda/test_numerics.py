@@ -174,3 +174,18 @@ def test_layer_norm_one_pass_statistics_survive_an_outlier_first(key, n):
     (x, w, b), reference = _inputs("LayerNormFwdOp", n, torch.float32)
     x[:, 0] = 1000.0
     assert _rel_err(kernel(x, w, b), reference(x, w, b)) < FAR_FROM_ZERO_TOLERANCE
+
+
+@pytest.mark.parametrize("n", [1000, 8192, 40000, 65536])
+def test_row_ops_take_views_off_a_16_byte_boundary(n):
+    """Rows and parameters starting 2 bytes past an aligned address (views into a larger
+    buffer) are copied before the kernels' 16-byte vector reads, not read misaligned."""
+    buffer = torch.randn(ROWS * n + 1, device="cuda", dtype=torch.float16)
+    x = buffer[1:].view(ROWS, n)
+    w, b = buffer[1 : 1 + n], buffer[3 : 3 + n]
+    assert x.data_ptr() % 16 and w.data_ptr() % 16
+    F = torch.nn.functional
+    xf, wf, bf = x.float(), w.float(), b.float()
+    assert _rel_err(LayerNormFwdOp(n)(x, w, b), F.layer_norm(xf, (n,), wf, bf)) < 2e-3
+    assert _rel_err(RMSNormFwdOp(n)(x, w), F.rms_norm(xf, (n,), wf)) < 2e-3
+    assert _rel_err(SoftmaxFwdOp(-1)(x), torch.softmax(xf, -1)) < 2e-3

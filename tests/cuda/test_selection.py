@@ -113,6 +113,8 @@ def test_declarations():
         ("block_row", 16384, torch.float32, 512, 8),
         ("block_row", 8192, torch.bfloat16, 256, 4),  # never fewer than 8 warps
         ("block_row", 2048, torch.bfloat16, 256, 1),
+        ("block_row", 4096, torch.float32, 128, 8),  # 32-bit rows: as few as 4 warps
+        ("block_row", 2048, torch.float32, 128, 4),
         ("block_row", 16383, torch.float16, 1024, 16),  # odd: 1-element vectors, 1024 lanes
         ("smem_row", 32768, torch.bfloat16, 256, 16),  # 64 KB: three blocks share an SM
         ("smem_row", 65536, torch.bfloat16, 1024, 8),  # 128 KB: one block per SM
@@ -133,11 +135,14 @@ def test_single_block_plans(layout, n, dtype, lanes, chunks):
         ("RMSNormFwdOp", 65536, torch.bfloat16, 2, 512, 8),  # 64 KB slices
         ("RMSNormFwdOp", 65537, torch.bfloat16, 4, 512, 33),
         ("RMSNormFwdOp", 262144, torch.bfloat16, 8, 512, 8),
-        ("RMSNormFwdOp", 65536, torch.float32, 4, 512, 8),
+        ("RMSNormFwdOp", 65536, torch.float32, 8, 256, 8),  # TMA's 32 KB slices
+        ("RMSNormFwdOp", 65540, torch.float32, 8, 512, 5),  # over 256 KB: up to 64 KB slices
         ("RMSNormFwdOp", 262144, torch.float32, 16, 512, 8),  # 16 blocks: a non-portable size
         ("RMSNormFwdOp", 262148, torch.float32, 8, 1024, 9),  # 144 KB slices, one block per SM
         ("LayerNormFwdOp", 262144, torch.bfloat16, 8, 256, 16),  # LayerNorm's 16-bit threads
-        ("LayerNormFwdOp", 65536, torch.float32, 4, 512, 8),
+        ("LayerNormFwdOp", 65536, torch.float32, 8, 256, 8),
+        ("LayerNormFwdOp", 57000, torch.float32, 4, 512, 7),  # TMA would pass the row's end
+        ("SoftmaxFwdOp", 65536, torch.float32, 4, 512, 8),  # softmax measured slower with TMA
     ],
 )
 def test_cluster_row_slices(name, n, dtype, cluster, lanes, chunks):
@@ -148,6 +153,31 @@ def test_cluster_row_slices(name, n, dtype, cluster, lanes, chunks):
         plan = cls.plan(make_call(name, n, dtype))
     assert (plan.cluster, plan.lanes, plan.chunks, plan.hold) == (cluster, lanes, chunks, "shared")
     assert plan.padded >= n > plan.padded - plan.cluster * plan.lanes * plan.vec
+
+
+@pytest.mark.parametrize(
+    "name,n,dtype,bulk",
+    [
+        ("LayerNormFwdOp", 65536, torch.float32, True),
+        ("RMSNormFwdOp", 40960, torch.float32, True),  # 5 x 8192: whole slices
+        ("LayerNormFwdOp", 57000, torch.float32, False),  # a slice would pass the row's end
+        ("LayerNormFwdOp", 131072, torch.float32, False),  # over BULK_ROW_BYTES
+        ("LayerNormFwdOp", 131072, torch.bfloat16, False),  # 16-bit rows: slower with TMA
+        ("SoftmaxFwdOp", 65536, torch.float32, False),
+    ],
+)
+def test_cluster_row_takes_tma_slices_where_measured_faster(name, n, dtype, bulk):
+    """32-bit norm rows of up to 256 KB whose slices TMA can bring whole; LayerNorm's one-pass
+    statistics only where the lanes load."""
+    cls = tileops_cuda.KERNELS[OPS[name]]["tilelang_cluster_row"]
+    with simulate_device("cuda:0", arch=90, **DEVICES[90]):
+        plan = cls.plan(make_call(name, n, dtype))
+    assert plan.bulk == bulk
+    assert plan.padded == n or not bulk
+    if bulk:
+        assert (plan.lanes, plan.one_pass) == (256, False) and plan.slice * 4 <= 32768
+    else:
+        assert plan.one_pass == (name == "LayerNormFwdOp")
 
 
 def test_cluster_row_refuses_rows_no_cluster_holds_and_rows_smem_row_serves_faster():

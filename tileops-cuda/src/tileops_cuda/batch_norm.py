@@ -43,6 +43,7 @@ from tileops.kernel import Build
 from tileops.ops import BatchNormCall, BatchNormInferInterface, BatchNormTrainInterface
 
 from .compile import build_program
+from .operands import aligned
 from .rows import (
     AMPERE_AND_LATER,
     CLUSTER_ARCHS,
@@ -190,6 +191,7 @@ class _BatchNorm(Kernel):
         running_var: torch.Tensor | None,
     ) -> torch.Tensor:
         """One kernel over x (the split layout, two kernels, has its own)."""
+        x = aligned(x)
         y = torch.empty_like(x)
         params = self.per_channel(x, weight, bias, running_mean, running_var)
         self.compiled[0](x, *params, *self.workspace(x), y)
@@ -383,6 +385,7 @@ class BatchNormSplitChannel(_Train):
         running_mean: torch.Tensor | None,
         running_var: torch.Tensor | None,
     ) -> torch.Tensor:
+        x = aligned(x)
         splits = _ceil_div(x.shape[0] * x.shape[2], self.chunk)
         partials = torch.empty(
             (self.channels, splits, PARTIAL_FIELDS), dtype=torch.float32, device=x.device

@@ -37,6 +37,7 @@ from tileops.kernel import Build
 from tileops.ops import GemmCall, GemmInterface
 
 from .compile import build_program
+from .operands import aligned
 from .rows import AMPERE_AND_LATER, DTYPE_NAMES, vector_width
 
 HALF = {torch.float16: 2, torch.bfloat16: 2}
@@ -244,7 +245,7 @@ class _Gemm(Kernel, GemmInterface):
         c = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
         if not self.compiled:  # k == 0: an empty sum
             return c.zero_()
-        self.compiled[0](a, b, c)
+        self.compiled[0](aligned(a), aligned(b), c)
         return c
 
 
@@ -305,8 +306,6 @@ class GemmHopper(_Gemm):
             a, b = F.pad(a, (0, pad_k)), F.pad(b, (0, 0, 0, pad_k))
         if pad_n:
             b = F.pad(b, (0, pad_n))
-        # A view may start off a 16-byte boundary, which a TMA descriptor cannot address.
-        a, b = (t if t.data_ptr() % TMA_ALIGN_BYTES == 0 else t.clone() for t in (a, b))
         c = super().forward(a, b)
         return c[:, :n].contiguous() if pad_n else c
 
@@ -347,6 +346,7 @@ class GemmSkinny(_Gemm):
         plan = self.plan_
         if plan is None or plan.splits == 1:
             return super().forward(a, b)
+        a, b = aligned(a), aligned(b)
         rows = plan.splits * plan.tile.block_m
         partials = torch.empty((rows, b.shape[1]), dtype=torch.float32, device=a.device)
         c = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)

@@ -14,6 +14,7 @@ import torch
 
 from tileops.ops import LayerNormInterface, RMSNormInterface
 
+from .operands import aligned
 from .rows import (
     CLUSTER_THREADS,
     DTYPE_NAMES,
@@ -42,8 +43,9 @@ class _LayerNorm(RowKernel, LayerNormInterface):
     def forward(
         self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
     ) -> torch.Tensor:
+        x, params = aligned(x), [aligned(t) for t in (weight, bias) if t is not None]
         y = torch.empty_like(x)
-        self.compiled(x, *[t for t in (weight, bias) if t is not None], *self.workspace(x), y)
+        self.compiled(x, *params, *self.workspace(x), y)
         return y
 
 
@@ -69,6 +71,7 @@ class LayerNormClusterRow(ClusterRow, _LayerNorm):
     # Statistics while the slice loads: 2-4 points of copy over a second pass through shared
     # memory at 64K-256K elements, bf16 and float32 (row_plans_cluster_row, 2026-11-29).
     cluster_one_pass = True
+    cluster_bulk = True  # rows.BULK_ROW_BYTES
 
     @classmethod
     def cluster_threads(cls, dtype: torch.dtype) -> int:
@@ -90,8 +93,9 @@ class _RMSNorm(RowKernel, RMSNormInterface):
         return lambda: norm_program("rms", plan, call, call.has_weight, False)
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        x, params = aligned(x), [aligned(t) for t in (weight,) if t is not None]
         y = torch.empty_like(x)
-        self.compiled(x, *[t for t in (weight,) if t is not None], *self.workspace(x), y)
+        self.compiled(x, *params, *self.workspace(x), y)
         return y
 
 
@@ -117,6 +121,7 @@ class RMSNormClusterRow(ClusterRow, _RMSNorm):
     # smem_row's lone block per SM still reached 91-93% of copy at 64K bfloat16 (128 KB)
     # against 88% here (norms_nvidia_h200.md and row_plans_smem_row_triton, 2026-11-29).
     smem_row_over_cluster_bytes = 128 * 1024
+    cluster_bulk = True  # rows.BULK_ROW_BYTES
 
 
 # -- TileLang programs -----------------------------------------------------------------------
@@ -159,6 +164,7 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
             base = part * size  # where this block's slice starts (0 without a cluster)
             held = T.min(T.max(n - base, 0), size)  # elements of the row in this block
             store = tiles.row_store(plan, dtype)
+            tiles.bulk_load(X, store, plan, row, base)
             scratch = T.alloc_shared((2, tiles.warps(plan)), "float32")
             t = T.alloc_local((vec,), "float32")
             s1 = T.alloc_var("float32", init=0.0)

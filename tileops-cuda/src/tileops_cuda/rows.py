@@ -18,7 +18,8 @@ between its reduction and its output pass decides the layout:
 cluster_row splits a row over a thread-block cluster (sm_90): each block keeps a slice of at
 most CLUSTER_SLICE_BYTES in shared memory, so even 256K-element rows are read once and several
 blocks share a multiprocessor (one loads while another reduces). Blocks exchange their partial
-statistics through a small global workspace across a cluster barrier.
+statistics through a small global workspace across a cluster barrier. On 32-bit LayerNorm and
+RMSNorm rows of up to 256 KB each block's slice arrives by one TMA transfer (RowPlan.bulk).
 
 Where layouts could overlap, the H200 decided (benchmarks/results/norms_nvidia_h200.md and
 the row_plans_*_nvidia_h200.md sweeps, which also set the plans' thread counts). 32-bit rows
@@ -70,6 +71,11 @@ WIDE_REGISTER_ROW_MAX = 2 * REGISTER_ROW_MAX
 # the H200 row_plans sweep); at 8K, 256 threads beat 128 and 512.
 BLOCK_ROW_VECTORS = 8
 BLOCK_ROW_MIN_THREADS = 8 * WARP
+# 32-bit rows take as few as 4 warps: at 4K float32, 128 threads of 8 vectors reached 97.3 / 97.1
+# / 97.4% of copy (LayerNorm / RMSNorm / softmax) against 94.1 / 96.1 / 97.2 for 256 threads of
+# 4 (row_plans_block_row, 2026-11-29); 16-bit rows keep 8 warps (LayerNorm 4K bf16: 95.0
+# against 88.8 with 128 threads).
+WIDE_BLOCK_ROW_MIN_THREADS = 4 * WARP
 # Threads one long row gets (smem_row, stream_row).
 LONG_ROW_THREADS = 1024
 # smem_row: a row of at most 64 KB leaves room for three blocks per SM, and then 256 threads
@@ -97,6 +103,15 @@ CLUSTER_THREADS = 512
 CLUSTER_SLICE_BYTES = 64 * 1024
 CLUSTER_LONE_SIZE = 8
 CLUSTER_LONE_BLOCK_THREADS = MAX_THREADS
+# 32-bit LayerNorm and RMSNorm rows of up to 64K elements (256 KB): 32 KB slices of 256 threads
+# (six blocks per SM) brought by TMA (RowPlan.bulk) reached 85 and 90.5% of copy at 64K float32,
+# against 81 and 88 read through the lanes and 81.5 and 88.7 for the 64 KB slices otherwise
+# served (row_plans_cluster_row, 2026-11-29, two runs). TMA lost elsewhere: 3-8 points for
+# softmax, whose two walks over shared memory wait for the whole slice, and for longer or
+# 16-bit rows.
+BULK_ROW_BYTES = 256 * 1024
+BULK_SLICE_BYTES = 32 * 1024
+BULK_THREADS = 256
 # smem_row beat cluster_row on rows of up to this many bytes: cluster_row starts beyond
 # (a family may differ: ClusterRow.smem_row_over_cluster_bytes).
 SMEM_ROW_OVER_CLUSTER_BYTES = 64 * 1024
@@ -111,7 +126,9 @@ class RowPlan:
     its statistics while the row loads, as stream_row always does, with no pass over shared
     memory before the output: each lane sums x and x^2 shifted by its own first element, and
     the lanes' (count, mean, M2) merge as Chan's. (A softmax running max per vector measured
-    slower than its two passes at every length, so softmax has no such option.)"""
+    slower than its two passes at every length, so softmax has no such option.) `bulk`: the
+    block's slice arrives in shared memory by TMA (sm_90) before any lane reads it, instead of
+    through the lanes' registers (bulk_eligible says which plans can)."""
 
     hold: str
     rows: int
@@ -121,6 +138,7 @@ class RowPlan:
     blocks_per_sm: int = 1
     cluster: int = 1
     one_pass: bool = False
+    bulk: bool = False
 
     @property
     def threads(self) -> int:
@@ -163,13 +181,15 @@ def warp_rows_plan(n: int, dtype: torch.dtype) -> RowPlan:
 
 
 def block_row_plan(n: int, dtype: torch.dtype) -> RowPlan:
-    """The fewest threads (at least BLOCK_ROW_MIN_THREADS) that keep at most BLOCK_ROW_VECTORS
-    vectors each, twice as many beyond REGISTER_ROW_MAX (32-bit rows: 512 threads of 64 values
-    beat 1024 of 32 by 1-5 points at 32K)."""
+    """The fewest threads (at least BLOCK_ROW_MIN_THREADS, WIDE_BLOCK_ROW_MIN_THREADS for 32-bit
+    rows) that keep at most BLOCK_ROW_VECTORS vectors each, twice as many beyond
+    REGISTER_ROW_MAX (32-bit rows: 512 threads of 64 values beat 1024 of 32 by 1-5 points at
+    32K)."""
     vec = vector_width(n, dtype)
     vectors = BLOCK_ROW_VECTORS if n <= REGISTER_ROW_MAX else 2 * BLOCK_ROW_VECTORS
     fewest = _pow2_ceil(_ceil_div(_ceil_div(n, vec), vectors))
-    lanes = min(MAX_THREADS, max(BLOCK_ROW_MIN_THREADS, fewest))
+    least = WIDE_BLOCK_ROW_MIN_THREADS if ITEMSIZE[dtype] == 4 else BLOCK_ROW_MIN_THREADS
+    lanes = min(MAX_THREADS, max(least, fewest))
     return RowPlan("registers", 1, lanes, vec, _ceil_div(n, lanes * vec))
 
 
@@ -183,21 +203,36 @@ def long_row_plan(n: int, dtype: torch.dtype, hold: str) -> RowPlan:
 
 
 def cluster_row_plan(
-    n: int, dtype: torch.dtype, smem_budget: int, threads: int = CLUSTER_THREADS
+    n: int,
+    dtype: torch.dtype,
+    smem_budget: int,
+    threads: int = CLUSTER_THREADS,
+    slice_bytes: int = CLUSTER_SLICE_BYTES,
 ) -> RowPlan | None:
-    """The smallest cluster of `threads`-thread blocks whose slices fit CLUSTER_SLICE_BYTES,
-    else CLUSTER_LONE_SIZE blocks of CLUSTER_LONE_BLOCK_THREADS threads if their slices fit the
+    """The smallest cluster of `threads`-thread blocks whose slices fit `slice_bytes`, else
+    CLUSTER_LONE_SIZE blocks of CLUSTER_LONE_BLOCK_THREADS threads if their slices fit the
     budget; None when no cluster holds the row."""
     vec = vector_width(n, dtype)
     for size in CLUSTER_SIZES:
         chunks = _ceil_div(n, size * threads * vec)
         plan = RowPlan("shared", 1, threads, vec, chunks, cluster=size)
-        if plan.slice * ITEMSIZE[dtype] <= CLUSTER_SLICE_BYTES:
+        if plan.slice * ITEMSIZE[dtype] <= slice_bytes:
             return plan
     lanes = CLUSTER_LONE_BLOCK_THREADS
     chunks = _ceil_div(n, CLUSTER_LONE_SIZE * lanes * vec)
     plan = RowPlan("shared", 1, lanes, vec, chunks, cluster=CLUSTER_LONE_SIZE)
     return plan if plan_smem_bytes(plan, dtype) <= smem_budget else None
+
+
+def bulk_eligible(plan: RowPlan, n: int, dtype: torch.dtype, arch: int) -> bool:
+    """Whether TMA can bring `plan`'s slices: sm_90, a shared-memory plan covering the row
+    exactly (no slice past its end) with 16-byte vectors (rows 16-byte aligned, as TMA needs)."""
+    return (
+        arch in CLUSTER_ARCHS
+        and plan.hold == "shared"
+        and plan.padded == n
+        and plan.vec * ITEMSIZE[dtype] == VECTOR_BYTES
+    )
 
 
 def with_occupancy(plan: RowPlan, call: Any) -> RowPlan:
@@ -254,11 +289,7 @@ class RowKernel(Kernel):
         elif cls.layout == "block_row":
             plan = block_row_plan(call.n, call.dtype)
         elif cls.layout == "cluster_row":
-            plan = cluster_row_plan(
-                call.n, call.dtype, call.smem_budget, cls.cluster_threads(call.dtype)
-            )
-            one_pass = cls.cluster_one_pass and plan.vec > 1  # see norm_program's `shifted`
-            plan = dataclasses.replace(plan, one_pass=one_pass)
+            plan = cls.cluster_plan(call)
         else:
             hold = "shared" if cls.layout == "smem_row" else "none"
             plan = long_row_plan(call.n, call.dtype, hold)
@@ -356,12 +387,30 @@ class ClusterRow:
 
     # Whether the family gathers a slice's statistics while it loads (RowPlan.one_pass).
     cluster_one_pass: ClassVar[bool] = False
+    # Whether the family's 32-bit rows of up to BULK_ROW_BYTES take TMA-loaded slices.
+    cluster_bulk: ClassVar[bool] = False
     smem_row_over_cluster_bytes: ClassVar[int] = SMEM_ROW_OVER_CLUSTER_BYTES
 
     @classmethod
     def cluster_threads(cls, dtype: torch.dtype) -> int:
         """Threads per block while slices fit CLUSTER_SLICE_BYTES; a family may differ."""
         return CLUSTER_THREADS
+
+    @classmethod
+    def cluster_plan(cls, call: Any) -> RowPlan | None:
+        """The family's plan for the call, None when no cluster holds the row: TMA-loaded
+        BULK_SLICE_BYTES slices where the family takes them and TMA can bring them, else
+        slices of up to CLUSTER_SLICE_BYTES (statistics while loading, if the family says so;
+        not for odd rows, see norm_program's `shifted`)."""
+        n, dtype, budget = call.n, call.dtype, call.smem_budget
+        if cls.cluster_bulk and ITEMSIZE[dtype] == 4 and n * ITEMSIZE[dtype] <= BULK_ROW_BYTES:
+            plan = cluster_row_plan(n, dtype, budget, BULK_THREADS, BULK_SLICE_BYTES)
+            if plan and bulk_eligible(plan, n, dtype, call.arch):
+                return dataclasses.replace(plan, bulk=True)
+        plan = cluster_row_plan(n, dtype, budget, cls.cluster_threads(dtype))
+        if plan is None:
+            return None
+        return dataclasses.replace(plan, one_pass=cls.cluster_one_pass and plan.vec > 1)
 
     @classmethod
     def region_refusal(cls, call: Any) -> str | None:
@@ -374,8 +423,7 @@ class ClusterRow:
                 f"cluster_row serves rows over {limit // 1024} KB; smem_row measured faster "
                 f"on n={call.n} {DTYPE_NAMES[call.dtype]}"
             )
-        threads = cls.cluster_threads(call.dtype)
-        if cluster_row_plan(call.n, call.dtype, call.smem_budget, threads):
+        if cls.cluster_plan(call):
             return None
         return (
             f"a row of n={call.n} {DTYPE_NAMES[call.dtype]} split over {CLUSTER_LONE_SIZE} "

@@ -13,6 +13,7 @@ import torch
 
 from tileops.ops import SoftmaxInterface
 
+from .operands import aligned
 from .rows import (
     DTYPE_NAMES,
     BlockRow,
@@ -31,6 +32,7 @@ class _Softmax(RowKernel, SoftmaxInterface):
         return lambda: softmax_program(plan, call)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = aligned(x)
         y = torch.empty_like(x)
         self.compiled(x, *self.workspace(x), y)
         return y
@@ -87,6 +89,7 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
             part = bx % cluster
             base = part * size  # where this block's slice starts (0 without a cluster)
             store = tiles.row_store(plan, dtype)
+            tiles.bulk_load(X, store, plan, row, base)
             scratch = T.alloc_shared((2, tiles.warps(plan)), "float32")
             t = T.alloc_local((vec,), "float32")
             top = T.alloc_var("float32", init=ninf)

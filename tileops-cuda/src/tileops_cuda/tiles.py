@@ -108,12 +108,28 @@ def launch(plan: RowPlan, m):
 
 
 @T.macro
+def bulk_load(X, store, plan: RowPlan, row, base):
+    """RowPlan.bulk: the block's slice of `row` from `base` into `store` by TMA; every lane
+    waits for all of it. The copy engine keeps the whole slice in flight, where lanes' own
+    loads keep only their unrolled chunks."""
+    if plan.bulk:
+        arrived = T.alloc_barrier(plan.threads)
+        T.tma_copy(X[row, base : base + plan.slice], store, barrier=arrived)
+        T.barrier_arrive(arrived)
+        T.mbarrier_wait_parity(arrived, 0)
+
+
+@T.macro
 def load(X, store, plan: RowPlan, row, lane, k, t, base=0):
     """First pass: the lane's k-th vector of `row` into float32 `t`, kept in `store`; `base`:
-    where the block's slice starts in the row (cluster_row)."""
+    where the block's slice starts in the row (cluster_row). After bulk_load the slice is
+    already in `store`."""
     at = (k * plan.lanes + lane) * plan.vec
     col = base + at
-    if plan.hold == "shared":
+    if plan.bulk:
+        for v in T.vectorized(plan.vec):
+            t[v] = store[at + v]
+    elif plan.hold == "shared":
         for v in T.vectorized(plan.vec):
             store[at + v] = X[row, col + v]
         for v in T.vectorized(plan.vec):

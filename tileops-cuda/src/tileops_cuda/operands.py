@@ -1,0 +1,16 @@
+"""Tensors as the compiled kernels address them."""
+
+from __future__ import annotations
+
+import torch
+
+ALIGN_BYTES = 16
+
+
+def aligned(t: torch.Tensor | None) -> torch.Tensor | None:
+    """`t`, or a copy of it where a view starts off a 16-byte boundary: the kernels read
+    16-byte vectors (and TMA needs 16-byte addresses) counted from where a tensor starts, and a
+    misaligned vector read faults."""
+    if t is None or t.data_ptr() % ALIGN_BYTES == 0:
+        return t
+    return t.clone()
