@@ -129,7 +129,8 @@ def candidates(job: Job, call: Any) -> list[tuple[str, Callable[[], Any]]]:
     """(label, build) for every candidate of the job's layout whose label matches --only."""
     layout, op, dtype, _ = job
     if layout == "triton":
-        found = [(triton_label(p), lambda p=p: triton_kernel(op, p)) for p in triton_plans(call)]
+        found = [(triton_label(p), lambda p=p: triton_kernel(op, p))
+                 for p in triton_plans(op, call)]  # fmt: skip
     else:
         itemsize = DTYPES[dtype].itemsize
         found = [(plan_label(p, itemsize), lambda p=p: build(layout, op, call, p))
@@ -144,22 +145,26 @@ def plan_label(plan: Any, itemsize: int) -> str:
             f"per block, {plan.blocks_per_sm}/SM{one_pass}{bulk}")  # fmt: skip
 
 
-def triton_plans(call: Any) -> list[Any]:
-    """The whole row in one program (up to TRITON_FUSED_MAX), or looped over chunks."""
+def triton_plans(op: str, call: Any) -> list[Any]:
+    """The whole row in one program (up to TRITON_FUSED_MAX), or looped over chunks; RMSNorm's
+    fused rows read through L1 or with `evict_first` (RowPlan.cached)."""
     from tileops_triton.compile import next_pow2
     from tileops_triton.rows import RowPlan
 
     block = next_pow2(call.n)
     found = []
     if block <= TRITON_FUSED_MAX:
-        found += [RowPlan(True, block, 1, warps) for warps in TRITON_WARPS["fused"]]
+        reads = (True, False) if op == "rms_norm" else (True,)
+        found += [RowPlan(True, block, 1, warps, cached) for warps in TRITON_WARPS["fused"]
+                  for cached in reads]  # fmt: skip
     chunks = [c for c in TRITON_CHUNKS if c < call.n]
     found += [RowPlan(False, c, 1, warps) for c in chunks for warps in TRITON_WARPS["looped"]]
     return found
 
 
 def triton_label(plan: Any) -> str:
-    return f"triton {'fused' if plan.fused else 'looped'} {plan.block}, {plan.warps} warps"
+    read = "" if plan.cached else ", evict_first"
+    return f"triton {'fused' if plan.fused else 'looped'} {plan.block}, {plan.warps} warps{read}"
 
 
 def triton_kernel(op: str, plan: Any) -> Callable[..., torch.Tensor]:

@@ -108,14 +108,16 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
             if online:
                 total = total * tiles.exp_gap(top, row_max)
             else:
+                # A slice of only -inf adds 0 to its cluster's sum (exp2(-inf - 0)), not NaN;
+                # a whole row of them still gives NaN without a cluster, as torch.
+                top = row_max
+                if cluster > 1 and row_max == ninf:
+                    top = 0.0
                 for k in tiles.chunk_loop(plan):
                     if row < m and (exact or base + (k * lanes + lane) * vec < n):
                         tiles.reload(X, store, plan, row, lane, k, t, base)
                         for v in T.unroll(vec):
-                            if cluster > 1:  # a slice of only -inf adds 0, not NaN
-                                total += tiles.exp_gap(t[v], row_max)
-                            else:
-                                total += tiles.exp_from(t[v], row_max)
+                            total += tiles.exp_from(t[v], top)
             peak = T.alloc_var("float32", init=ninf)  # the max the output subtracts
             scale = T.alloc_var("float32", init=0.0)
             peak = row_max
