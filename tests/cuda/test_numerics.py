@@ -91,6 +91,15 @@ def test_softmax_infinities_match_torch(n):
     torch.testing.assert_close(got, torch.softmax(x, -1), equal_nan=True, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("n", [100, 4096, 40000, 65536, 300000])
+def test_softmax_of_large_logits_keeps_float32_precision(n):
+    """Logits near 1000: a max rounded to log2 units (ulp 1.2e-4 there) would be off by up
+    to 4e-5 relative unless the sums and the output subtract the same rounded value."""
+    x = torch.randn(4, n, device="cuda") * 5 + 1000
+    got = SoftmaxFwdOp(-1)(x)
+    assert _rel_err(got, torch.softmax(x.double(), -1)) < 3e-6
+
+
 @pytest.mark.parametrize("shape", [(1, 1), (3, 5, 64), (1000, 1024), (2, 262144)])
 def test_dispatched_ops_on_cuda(shape):
     x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
