@@ -186,18 +186,3 @@ def exp_from(value, top):
     """exp(value - top) as 2^((value - top) * log2 e): one ex2.approx (relative error about
     2^-22) instead of expf's range reduction; the row max makes the argument <= 0."""
     return T.exp2((value - top) * LOG2E)
-
-
-@T.macro
-def in_log2_units(value):
-    """value * log2 e, rounded once and never fused into a later add (__fmul_rn): exponents
-    that subtract it all subtract the very same float, so its rounding cancels when their
-    exponentials are divided by a sum of them."""
-    return T.call_extern("float32", "__fmul_rn", value, LOG2E)
-
-
-@T.macro
-def exp_below(value, scaled_top):
-    """exp(value - top) given scaled_top = in_log2_units(top): one FFMA and one ex2.approx per
-    element, where exp_from takes an add and a multiply besides the ex2."""
-    return T.exp2(value * LOG2E - scaled_top)
