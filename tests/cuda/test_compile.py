@@ -125,6 +125,16 @@ def test_one_pass_statistics_compile(layout, n, tilelang_cache):
     assert walks == {False: 3, True: 2}
 
 
+@pytest.mark.parametrize("op", ["RMSNormFwdOp", "SoftmaxFwdOp"])
+def test_smem_row_tma_rows_compile(op, tilelang_cache):
+    """RowPlan.bulk on smem_row: the 64 KB row arrives by one TMA transfer per block."""
+    cls = tileops_cuda.KERNELS[OPS[op]]["tilelang_smem_row"]
+    call = make_call(op, 32768, torch.bfloat16)
+    with simulate_device("cuda:0", arch=90, sm_count=132, smem_budget=SMEM_BUDGET[90]):
+        source = cls.entry_for(call)[1]().compiled.get_kernel_source()
+    assert "tma_load" in source and "expect_transaction(65536)" in source
+
+
 @pytest.mark.parametrize("op", ["LayerNormFwdOp", "RMSNormFwdOp"])
 def test_cluster_row_tma_slices_compile(op, tilelang_cache):
     """RowPlan.bulk: one TMA transfer per block brings its slice (the lanes read only shared

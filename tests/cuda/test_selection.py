@@ -180,6 +180,25 @@ def test_cluster_row_takes_tma_slices_where_measured_faster(name, n, dtype, bulk
         assert plan.one_pass == (name == "LayerNormFwdOp")
 
 
+@pytest.mark.parametrize(
+    "name,n,dtype,arch,bulk",
+    [
+        ("RMSNormFwdOp", 32768, torch.bfloat16, 90, True),  # 64 KB rows
+        ("SoftmaxFwdOp", 32768, torch.float16, 90, True),
+        ("SoftmaxFwdOp", 32768, torch.bfloat16, 80, False),  # no TMA before sm_90
+        ("LayerNormFwdOp", 32768, torch.bfloat16, 90, False),  # measured slower
+        ("RMSNormFwdOp", 65536, torch.bfloat16, 90, False),  # 128 KB: one block per SM
+        ("RMSNormFwdOp", 20000, torch.bfloat16, 90, False),  # whole chunks would pass its end
+    ],
+)
+def test_smem_row_takes_tma_rows_where_measured_faster(name, n, dtype, arch, bulk):
+    cls = tileops_cuda.KERNELS[OPS[name]]["tilelang_smem_row"]
+    with simulate_device("cuda:0", arch=arch, **DEVICES[arch]):
+        call = make_call(name, n, dtype)
+        assert cls.refusal(call) is None
+        assert cls.plan(call).bulk == bulk
+
+
 def test_cluster_row_refuses_rows_no_cluster_holds_and_rows_smem_row_serves_faster():
     with simulate_device("cuda:0", arch=90, **DEVICES[90]):
         cls = tileops_cuda.softmax.SoftmaxClusterRow

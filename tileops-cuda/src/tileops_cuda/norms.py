@@ -110,6 +110,8 @@ class RMSNormBlockRow(BlockRow, _RMSNorm):
 class RMSNormSmemRow(SmemRow, _RMSNorm):
     """Long rows that fit the block's shared memory: read once, kept there for the output."""
 
+    smem_bulk = True  # rows.SMALL_SMEM_ROW_BYTES
+
 
 class RMSNormStreamRow(StreamRow, _RMSNorm):
     """Any long row: sum of squares in one streaming pass, then the output pass."""

@@ -49,6 +49,8 @@ class SoftmaxBlockRow(BlockRow, _Softmax):
 class SoftmaxSmemRow(SmemRow, _Softmax):
     """Long rows that fit the block's shared memory: read once, kept there for the output."""
 
+    smem_bulk = True  # rows.SMALL_SMEM_ROW_BYTES
+
 
 class SoftmaxStreamRow(StreamRow, _Softmax):
     """Any long row: running max and rescaled sum in one streaming pass, then the output."""
