@@ -6,8 +6,9 @@ The plan constants in `tileops_cuda.rows` are read off this table. cluster_row c
 the row over clusters of 2, 4, 8 or (beyond the portable sizes) 16 blocks of 256 to 1024
 threads, each block keeping a 16-128 KB slice; block_row and smem_row candidates give the row
 128 to 1024 threads. LayerNorm's shared-memory candidates run with and without their
-statistics gathered while the row loads (`RowPlan.one_pass`), and on sm_90 every shared-memory
-candidate also with its slice brought by TMA (`RowPlan.bulk`). Every candidate runs at the
+statistics gathered while the row loads (`RowPlan.one_pass`), on sm_90 every shared-memory
+candidate also with its slice brought by TMA (`RowPlan.bulk`), and softmax's also with scaled
+exponents (`RowPlan.scaled_exp`). Every candidate runs at the
 occupancy `with_occupancy` gives it; `--only REGEX` keeps the candidates whose label matches.
 The `triton` layout sweeps the Triton programs (`tileops_triton.rows`): the whole row in one
 block of 8, 16 or 32 warps, or looped over 2048- to 8192-element chunks with 8 or 16 warps.
@@ -49,7 +50,8 @@ TRITON_FUSED_MAX = 65536
 
 def plans(layout: str, op: str, call: Any) -> list[Any]:
     """The candidate plans of `layout` for `call`; LayerNorm's shared-memory plans with and
-    without one-pass statistics; shared-memory plans with and without TMA (sm_90)."""
+    without one-pass statistics; shared-memory plans with and without TMA (sm_90); softmax's
+    with and without scaled exponents."""
     import dataclasses
 
     from tileops_cuda.rows import bulk_eligible
@@ -60,6 +62,8 @@ def plans(layout: str, op: str, call: Any) -> list[Any]:
                   if p.hold == "shared" and p.vec > 1]  # fmt: skip
     found += [dataclasses.replace(p, bulk=True) for p in found
               if bulk_eligible(p, call.n, call.dtype, call.arch)]  # fmt: skip
+    if op == "softmax":
+        found += [dataclasses.replace(p, scaled_exp=True) for p in found]
     return found
 
 
@@ -141,8 +145,9 @@ def candidates(job: Job, call: Any) -> list[tuple[str, Callable[[], Any]]]:
 def plan_label(plan: Any, itemsize: int) -> str:
     one_pass = ", one pass" if plan.one_pass else ""
     bulk = ", TMA" if plan.bulk else ""
+    scaled = ", scaled exp" if plan.scaled_exp else ""
     return (f"{plan.lanes} threads, cluster {plan.cluster}, {plan.slice * itemsize // 1024} KB "
-            f"per block, {plan.blocks_per_sm}/SM{one_pass}{bulk}")  # fmt: skip
+            f"per block, {plan.blocks_per_sm}/SM{one_pass}{bulk}{scaled}")  # fmt: skip
 
 
 def triton_plans(op: str, call: Any) -> list[Any]:

@@ -149,3 +149,24 @@ def test_cluster_row_tma_slices_compile(op, tilelang_cache):
     assert "tma_load" in sources[torch.float32]
     assert "expect_transaction(32768)" in sources[torch.float32]  # the 32 KB slice
     assert "tma_load" not in sources[torch.bfloat16]
+
+
+@pytest.mark.parametrize(
+    "layout,n,dtype",
+    [("warp_rows", 100, torch.float32), ("block_row", 16384, torch.bfloat16),
+     ("smem_row", 32768, torch.bfloat16), ("cluster_row", 262147, torch.float32)],
+)  # fmt: skip
+def test_softmax_scaled_exponents_compile(layout, n, dtype, tilelang_cache):
+    """RowPlan.scaled_exp: every exponential of the held rows is one fused multiply-add from
+    the max in log2 units, the output still stored as vectors."""
+    import dataclasses
+
+    from tileops_cuda.compile import build_program
+
+    cls = tileops_cuda.KERNELS[SoftmaxFwdOp][f"tilelang_{layout}"]
+    call = make_call("SoftmaxFwdOp", n, dtype)
+    with simulate_device("cuda:0", arch=90, sm_count=132, smem_budget=SMEM_BUDGET[90]):
+        plan = dataclasses.replace(cls.plan(call), scaled_exp=True)
+    source = build_program(f"test/scaled/{plan}", cls.program(plan, call), 90).get_kernel_source()
+    assert "__fmaf_rn" in source and "__fmul_rn" in source
+    assert "* 0x1.71547652b82fep+0f" not in source  # no separate multiply by log2 e

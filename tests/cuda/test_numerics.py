@@ -198,3 +198,35 @@ def test_row_ops_take_views_off_a_16_byte_boundary(n):
     assert _rel_err(LayerNormFwdOp(n)(x, w, b), F.layer_norm(xf, (n,), wf, bf)) < 2e-3
     assert _rel_err(RMSNormFwdOp(n)(x, w), F.rms_norm(xf, (n,), wf)) < 2e-3
     assert _rel_err(SoftmaxFwdOp(-1)(x), torch.softmax(xf, -1)) < 2e-3
+
+
+SCALED_EXP_LAYOUTS = [
+    ("tilelang_warp_rows", 100),
+    ("tilelang_block_row", 16384),
+    ("tilelang_smem_row", 32768),
+    ("tilelang_cluster_row", 65536),
+    ("tilelang_cluster_row", 262147),
+]
+
+
+@pytest.mark.parametrize("key,n", SCALED_EXP_LAYOUTS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softmax_scaled_exponents(key, n, dtype):
+    """RowPlan.scaled_exp (a plan-sweep option): logits near 1000 keep float32 precision, since
+    the sums and the output subtract one rounded max; -inf entries, slices and rows behave as
+    torch's."""
+    import dataclasses
+
+    from tileops_cuda.compile import build_program
+
+    cls = tileops_cuda.KERNELS[SoftmaxFwdOp][key]
+    call = make_call("SoftmaxFwdOp", n, dtype)
+    plan = dataclasses.replace(cls.plan(call), scaled_exp=True)
+    kernel = cls(build_program(f"test/{key}/{n}/{plan}", cls.program(plan, call), call.arch), plan)
+    x = (torch.randn(4, n, device="cuda") * 5 + 1000).to(dtype)
+    limit = 3e-6 if dtype == torch.float32 else TOLERANCE[dtype]
+    assert _rel_err(kernel(x), torch.softmax(x.double(), -1)) < limit
+    x[0, : n // 2] = float("-inf")
+    x[1] = float("-inf")
+    want = torch.softmax(x.float(), -1)
+    torch.testing.assert_close(kernel(x).float(), want, equal_nan=True, atol=1e-6, rtol=1e-2)

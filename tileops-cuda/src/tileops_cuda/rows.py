@@ -132,7 +132,9 @@ class RowPlan:
     the lanes' (count, mean, M2) merge as Chan's. (A softmax running max per vector measured
     slower than its two passes at every length, so softmax has no such option.) `bulk`: the
     block's slice arrives in shared memory by TMA (sm_90) before any lane reads it, instead of
-    through the lanes' registers (bulk_eligible says which plans can)."""
+    through the lanes' registers (bulk_eligible says which plans can). `scaled_exp` (softmax,
+    held rows): each exponential is one fused multiply-add from the max in log2 units (tiles.
+    exp_below) instead of a subtract and a multiply; a plan-sweep option."""
 
     hold: str
     rows: int
@@ -143,6 +145,7 @@ class RowPlan:
     cluster: int = 1
     one_pass: bool = False
     bulk: bool = False
+    scaled_exp: bool = False
 
     @property
     def threads(self) -> int:

@@ -78,6 +78,11 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
     # Streamed rows take max and sum in one pass, rescaling the sum as the max grows (a
     # second read of X costs more than the rescales); held rows take the max, then the sum.
     online = plan.hold == "none"
+    # RowPlan.scaled_exp: exponents in log2 units from one rounded max, so the rounding cancels
+    # in y = e / sum; a 16-bit output also folds the sum into its exponent (a multiply less;
+    # that rounding, under 2^-17 of the value for logits within 1000, is far below its ulp).
+    scaled = plan.scaled_exp and not online
+    fold = scaled and call.dtype != torch.float32
     ninf = tiles.NEG_INF
     m = T.dynamic("m")
 
@@ -115,11 +120,15 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
                 top = row_max
                 if cluster > 1 and row_max == ninf:
                     top = 0.0
+                scaled_top = tiles.in_log2_units(top) if scaled else None
                 for k in tiles.chunk_loop(plan):
                     if row < m and (exact or base + (k * lanes + lane) * vec < n):
                         tiles.reload(X, store, plan, row, lane, k, t, base)
                         for v in T.unroll(vec):
-                            total += tiles.exp_from(t[v], top)
+                            if scaled:
+                                total += tiles.exp_below(t[v], scaled_top)
+                            else:
+                                total += tiles.exp_from(t[v], top)
             peak = T.alloc_var("float32", init=ninf)  # the max the output subtracts
             scale = T.alloc_var("float32", init=0.0)
             peak = row_max
@@ -131,14 +140,29 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
                     peak = T.max(peak, S[row, p, 0])
                 scale = 0.0
                 for p in T.unroll(cluster):
-                    scale += S[row, p, 1] * tiles.exp_gap(S[row, p, 0], peak)
+                    if not scaled:
+                        scale += S[row, p, 1] * tiles.exp_gap(S[row, p, 0], peak)
+                    elif S[row, p, 0] != ninf:  # by the rounded maxima the sums subtracted
+                        gap = tiles.in_log2_units(S[row, p, 0]) - tiles.in_log2_units(peak)
+                        scale += S[row, p, 1] * T.exp2(gap)
+            scaled_peak = tiles.in_log2_units(peak) if scaled else None
+            if fold:
+                scaled_peak = scaled_peak + T.log2(scale)
             scale = 1.0 / scale
             for k in tiles.chunk_loop(plan):
                 col = base + (k * lanes + lane) * vec
                 if row < m and (exact or col < n):
                     tiles.reload(X, store, plan, row, lane, k, t, base)
-                    for v in T.vectorized(vec):
-                        Y[row, col + v] = tiles.exp_from(t[v], peak) * scale
+                    if scaled:  # in place first: an extern call keeps a loop from vectorizing
+                        for v in T.unroll(vec):
+                            t[v] = tiles.exp_below(t[v], scaled_peak)
+                            if not fold:
+                                t[v] = t[v] * scale
+                        for v in T.vectorized(vec):
+                            Y[row, col + v] = t[v]
+                    else:
+                        for v in T.vectorized(vec):
+                            Y[row, col + v] = tiles.exp_from(t[v], peak) * scale
 
     rows = (m, n)
     if cluster > 1:

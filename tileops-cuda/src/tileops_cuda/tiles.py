@@ -186,3 +186,17 @@ def exp_from(value, top):
     """exp(value - top) as 2^((value - top) * log2 e): one ex2.approx (relative error about
     2^-22) instead of expf's range reduction; the row max makes the argument <= 0."""
     return T.exp2((value - top) * LOG2E)
+
+
+@T.macro
+def in_log2_units(value):
+    """value * log2 e rounded once (__fmul_rn, never fused into a later add): the sums and the
+    output subtract the very same float, so its rounding cancels in their quotient."""
+    return T.call_extern("float32", "__fmul_rn", value, LOG2E)
+
+
+@T.macro
+def exp_below(value, scaled_top):
+    """exp(value - top) from scaled_top = in_log2_units(top): one fused multiply-add, exact
+    before its one rounding (__fmaf_rn: the compiler may not split it), and one ex2.approx."""
+    return T.exp2(T.call_extern("float32", "__fmaf_rn", value, LOG2E, -scaled_top))
