@@ -372,6 +372,8 @@ class SmemRow:
 
     @classmethod
     def smem_plan(cls, call: Any) -> RowPlan:
+        """The family's plan for the call: rows of up to SMALL_SMEM_ROW_BYTES by TMA where the
+        family takes them and TMA can bring them, else through the lanes' loads."""
         plan = long_row_plan(call.n, call.dtype, "shared")
         small = call.n * ITEMSIZE[call.dtype] <= SMALL_SMEM_ROW_BYTES
         if cls.smem_bulk and small and bulk_eligible(plan, call.n, call.dtype, call.arch):
