@@ -271,8 +271,8 @@ class BatchNormSmemChannel(_Train):
     @classmethod
     def region_refusal(cls, call: BatchNormCall) -> str | None:
         n = values_per_channel(call)
-        if n <= REGISTER_ROW_MAX:
-            return f"smem_channel serves channels of more than {REGISTER_ROW_MAX} values, not {n}"
+        if refusal := long_channel_refusal(cls.layout, n):
+            return refusal
         need = plan_smem_bytes(smem_channel_plan(call), call.dtype)
         if need > call.smem_budget:
             return (
@@ -309,10 +309,8 @@ class BatchNormClusterChannel(_Train):
     @classmethod
     def region_refusal(cls, call: BatchNormCall) -> str | None:
         n = values_per_channel(call)
-        if n <= REGISTER_ROW_MAX:
-            return (
-                f"cluster_channel serves channels of more than {REGISTER_ROW_MAX} values, not {n}"
-            )
+        if refusal := long_channel_refusal(cls.layout, n):
+            return refusal
         if cluster_channel_plan(call) is None:
             return (
                 f"a channel of {n} values does not fit {CLUSTER_SIZES[-1]} blocks' shared memory: "
@@ -347,8 +345,8 @@ class BatchNormSplitChannel(_Train):
     @classmethod
     def region_refusal(cls, call: BatchNormCall) -> str | None:
         n = values_per_channel(call)
-        if n <= REGISTER_ROW_MAX:
-            return f"split_channel serves channels of more than {REGISTER_ROW_MAX} values, not {n}"
+        if refusal := long_channel_refusal(cls.layout, n):
+            return refusal
         if call.channels >= TILED_BLOCKS_PER_SM * call.sm_count:
             return (
                 f"{call.channels} channels give each of the {call.sm_count} multiprocessors about "
@@ -432,6 +430,14 @@ def block_channel_plan(call: BatchNormCall) -> RowPlan:
     n = values_per_channel(call)
     lanes = min(1024, max(4 * WARP, _pow2_ceil(_ceil_div(n, REGISTER_VALUES))))
     return with_occupancy(RowPlan("registers", 1, lanes, vec, _ceil_div(n // vec, lanes)), call)
+
+
+def long_channel_refusal(layout: str, n: int) -> str | None:
+    """Refusal shared by the layouts of channels too long for registers (smem, cluster and
+    split channel): block_channel holds the shorter ones."""
+    if n <= REGISTER_ROW_MAX:
+        return f"{layout} serves channels of more than {REGISTER_ROW_MAX} values, not {n}"
+    return None
 
 
 def smem_channel_plan(call: BatchNormCall) -> RowPlan:

@@ -127,8 +127,7 @@ def load(X, store, plan: RowPlan, row, lane, k, t, base=0):
     at = (k * plan.lanes + lane) * plan.vec
     col = base + at
     if plan.bulk:
-        for v in T.vectorized(plan.vec):
-            t[v] = store[at + v]
+        reload(X, store, plan, row, lane, k, t, base)
     elif plan.hold == "shared":
         for v in T.vectorized(plan.vec):
             store[at + v] = X[row, col + v]
