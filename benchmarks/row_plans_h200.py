@@ -11,8 +11,7 @@ candidate also with its slice brought by TMA (`RowPlan.bulk`), and softmax's als
 exponents (`RowPlan.scaled_exp`). Every candidate runs at the
 occupancy `with_occupancy` gives it; `--only REGEX` keeps the candidates whose label matches.
 The `triton` layout sweeps the Triton programs (`tileops_triton.rows`): the whole row in one
-block of 8, 16 or 32 warps (on sm_90 also over a cluster of 2, 4 or 8 CTAs holding 4K-32K
-elements each), or looped over 2048- to 8192-element chunks with 8 or 16 warps.
+block of 8, 16 or 32 warps, or looped over 2048- to 8192-element chunks with 8 or 16 warps.
 
     python benchmarks/row_plans_h200.py [--layouts cluster_row,block_row,smem_row,triton]
         [--ops ...] [--dtypes bfloat16,float32] [--sizes 65536,131072,262144] [--workers 14]
@@ -47,10 +46,6 @@ REGISTER_VALUES_MAX = 64  # block_row candidates keep at most this many values p
 TRITON_WARPS = {"fused": (8, 16, 32), "looped": (8, 16)}
 TRITON_CHUNKS = (2048, 4096, 8192)
 TRITON_FUSED_MAX = 65536
-# Fused programs over a thread-block cluster (RowPlan.ctas, sm_90): each CTA holds 4K-32K of
-# the row, so rows to 256K stay in registers.
-TRITON_CTAS = (2, 4, 8)
-TRITON_CTA_SHARE = (4096, 32768)
 
 
 def plans(layout: str, op: str, call: Any) -> list[Any]:
@@ -163,14 +158,10 @@ def triton_plans(op: str, call: Any) -> list[Any]:
 
     block = next_pow2(call.n)
     found = []
-    reads = (True, False) if op == "rms_norm" else (True,)
     if block <= TRITON_FUSED_MAX:
+        reads = (True, False) if op == "rms_norm" else (True,)
         found += [RowPlan(True, block, 1, warps, cached) for warps in TRITON_WARPS["fused"]
                   for cached in reads]  # fmt: skip
-    low, high = TRITON_CTA_SHARE
-    ctas = [c for c in TRITON_CTAS if call.arch >= 90 and low <= block // c <= high]
-    found += [RowPlan(True, block, 1, warps, cached, c) for c in ctas
-              for warps in TRITON_WARPS["fused"] for cached in reads]  # fmt: skip
     chunks = [c for c in TRITON_CHUNKS if c < call.n]
     found += [RowPlan(False, c, 1, warps) for c in chunks for warps in TRITON_WARPS["looped"]]
     return found
@@ -178,9 +169,7 @@ def triton_plans(op: str, call: Any) -> list[Any]:
 
 def triton_label(plan: Any) -> str:
     read = "" if plan.cached else ", evict_first"
-    cluster = f", {plan.ctas} CTAs" if plan.ctas > 1 else ""
-    kind = "fused" if plan.fused else "looped"
-    return f"triton {kind} {plan.block}, {plan.warps} warps{read}{cluster}"
+    return f"triton {'fused' if plan.fused else 'looped'} {plan.block}, {plan.warps} warps{read}"
 
 
 def triton_kernel(op: str, plan: Any) -> Callable[..., torch.Tensor]:

@@ -72,11 +72,10 @@ def test_row_ops_match_torch_in_the_interpreter(rows, n, dtype) -> None:
     [
         RowPlan(True, 64, 4, 1),
         RowPlan(True, 64, 4, 1, cached=False),
-        RowPlan(True, 64, 1, 1, ctas=2),  # the interpreter runs a cluster's program as one
         RowPlan(False, 16, 1, 1),
         RowPlan(False, 32, 1, 2),
     ],
-    ids=["fused-4-rows", "fused-uncached", "fused-2-ctas", "looped-16", "looped-32"],
+    ids=["fused-4-rows", "fused-uncached", "looped-16", "looped-32"],
 )
 def test_both_program_shapes_match_torch(plan, dtype) -> None:
     rows, n = 6, 50

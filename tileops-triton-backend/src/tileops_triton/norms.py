@@ -126,7 +126,7 @@ def layer_norm(
     if plan.fused:
         programs.layer_norm_fused[plan.grid(rows)](
             x, w, b, out, rows, n, eps, ROWS=plan.rows, BLOCK=plan.block, **flags,
-            num_warps=plan.warps, num_ctas=plan.ctas,
+            num_warps=plan.warps,
         )  # fmt: skip
     else:
         programs.layer_norm_looped[(rows,)](
@@ -145,7 +145,7 @@ def rms_norm(
     if plan.fused:
         programs.rms_norm_fused[plan.grid(rows)](
             x, w, out, rows, n, eps, ROWS=plan.rows, BLOCK=plan.block, HAS_W=has_w,
-            CACHED=plan.cached, num_warps=plan.warps, num_ctas=plan.ctas,
+            CACHED=plan.cached, num_warps=plan.warps,
         )  # fmt: skip
     else:
         programs.rms_norm_looped[(rows,)](

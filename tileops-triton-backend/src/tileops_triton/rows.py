@@ -56,9 +56,6 @@ class RowPlan:
     rows: int
     warps: int
     cached: bool = True  # the fused read through L1 (`.ca`), else `evict_first` (RMSNorm only)
-    # CTAs of one fused program (a thread-block cluster, sm_90): Triton splits the tile over
-    # them and reduces across distributed shared memory; a plan-sweep option so far.
-    ctas: int = 1
 
     def grid(self, rows: int) -> tuple[int]:
         return (cdiv(rows, self.rows),)

@@ -59,8 +59,7 @@ def softmax(plan: RowPlan, x: torch.Tensor, out: torch.Tensor) -> None:
     rows, n = x.shape
     if plan.fused:
         programs.softmax_fused[plan.grid(rows)](
-            x, out, rows, n, ROWS=plan.rows, BLOCK=plan.block, num_warps=plan.warps,
-            num_ctas=plan.ctas,
-        )  # fmt: skip
+            x, out, rows, n, ROWS=plan.rows, BLOCK=plan.block, num_warps=plan.warps
+        )
     else:
         programs.softmax_looped[(rows,)](x, out, n, CHUNK=plan.block, num_warps=plan.warps)
