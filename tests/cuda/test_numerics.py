@@ -212,9 +212,9 @@ SCALED_EXP_LAYOUTS = [
 @pytest.mark.parametrize("key,n", SCALED_EXP_LAYOUTS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_softmax_scaled_exponents(key, n, dtype):
-    """RowPlan.scaled_exp (a plan-sweep option): logits near 1000 keep float32 precision, since
-    the sums and the output subtract one rounded max; -inf entries, slices and rows behave as
-    torch's."""
+    """RowPlan.scaled_exp on every layout that holds the row: logits near 1000 keep float32
+    precision, since the sums and the output subtract one rounded max; -inf entries, slices and
+    rows behave as torch's."""
     import dataclasses
 
     from tileops_cuda.compile import build_program

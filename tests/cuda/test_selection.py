@@ -199,6 +199,30 @@ def test_smem_row_takes_tma_rows_where_measured_faster(name, n, dtype, arch, bul
         assert cls.plan(call).bulk == bulk
 
 
+@pytest.mark.parametrize(
+    "key,n,dtype,arch,scaled,lanes",
+    [
+        ("tilelang_smem_row", 32768, torch.bfloat16, 90, True, 256),
+        ("tilelang_smem_row", 65536, torch.float16, 80, True, 1024),
+        ("tilelang_smem_row", 40000, torch.float32, 90, False, 1024),
+        ("tilelang_cluster_row", 65536, torch.bfloat16, 90, True, 256),
+        ("tilelang_cluster_row", 262144, torch.float16, 90, True, 256),
+        ("tilelang_cluster_row", 131072, torch.float32, 90, False, 512),
+        ("tilelang_block_row", 16384, torch.bfloat16, 90, False, 256),  # registers: not measured
+        ("tilelang_stream_row", 65536, torch.bfloat16, 90, False, 1024),  # online: no held max
+    ],
+)
+def test_softmax_scaled_exponents_where_measured_faster(key, n, dtype, arch, scaled, lanes):
+    """16-bit softmax rows held in shared memory take scaled exponents; their cluster blocks
+    have 256 threads (row_plans_softmax_scaled_exp)."""
+    cls = tileops_cuda.KERNELS[SoftmaxFwdOp][key]
+    with simulate_device("cuda:0", arch=arch, **DEVICES[arch]):
+        call = make_call("SoftmaxFwdOp", n, dtype)
+        assert cls.refusal(call) is None
+        plan = cls.plan(call)
+    assert (plan.scaled_exp, plan.lanes) == (scaled, lanes)
+
+
 def test_cluster_row_refuses_rows_no_cluster_holds_and_rows_smem_row_serves_faster():
     with simulate_device("cuda:0", arch=90, **DEVICES[90]):
         cls = tileops_cuda.softmax.SoftmaxClusterRow

@@ -134,7 +134,7 @@ class RowPlan:
     block's slice arrives in shared memory by TMA (sm_90) before any lane reads it, instead of
     through the lanes' registers (bulk_eligible says which plans can). `scaled_exp` (softmax,
     held rows): each exponential is one fused multiply-add from the max in log2 units (tiles.
-    exp_below) instead of a subtract and a multiply; a plan-sweep option."""
+    exp_below) instead of a subtract and a multiply; 16-bit rows in shared memory take it."""
 
     hold: str
     rows: int
