@@ -9,8 +9,8 @@ three passes of x (read for the statistics, read again, write y), an inference c
 
 GEMM (float16 / bfloat16) on square, LLM-layer and skinny (decode) shapes, misaligned ones
 included: torch.matmul (cuBLAS), the tileops op as dispatched, and each tileops-cuda GEMM key
-that serves the call; TFLOP/s. Decode rows (m <= 64) also give `<name> graph weight %`: the
-weight's bytes over the call's CUDA-graph replay time, as % of a same-run copy.
+that serves the call; TFLOP/s. Decode rows (m <= 64) also give `<name> weight %`: the
+weight's bytes over the call's kernel time (profiler, L2 cleared), as % of a same-run copy.
 
 Times are medians of `triton.testing.do_bench` (the L2 is cleared before every repetition),
 best of --rounds alternating rounds. BatchNorm rows also give `cudnn loop us` and `tileops loop
@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import statistics
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -226,23 +227,50 @@ def measure_gemm(shape: tuple[int, int, int], dtype: str, args: argparse.Namespa
         row.score[name] = 2.0 * m * n * k / ms / 1e9
         row.score[f"{name} rel. error"] = errors[name]
     if m <= DECODE_ROWS:
-        weight_read_from_graphs(row, contenders, k * n * a.element_size(), args.rounds)
+        weight_read_from_kernel_times(row, contenders, k * n * a.element_size())
     return row
 
 
-DECODE_ROWS = 64  # skinny (decode) calls: microseconds of GPU time, under the host's launch path
+DECODE_ROWS = 64  # skinny (decode) calls: kernels of ~10 us, shorter than their launch path
 
 
-def weight_read_from_graphs(row: Row, contenders: dict, weight_bytes: int, rounds: int) -> None:
-    """`<name> graph weight %`: the weight's bytes over each contender's CUDA-graph replay time,
-    as % of a same-run copy. A decode GEMM's kernel takes ~8-15 us, while the host needs
-    ~20-75 us to launch torch.matmul or a tileops kernel on the H200's machine, so eager timings
-    there measure the host (a torch.profiler trace showed the dispatched op and its key alone
-    running the same kernels for the same GPU time, where do_bench gave them 20 and 30 TFLOP/s)."""
-    copy = copy_gbps(weight_bytes, rounds)
-    replays = {f"{name} graph": graphed(fn) for name, fn in contenders.items()}
-    for name, ms in bench_all(replays, rounds).items():
-        row.score[f"{name} weight %"] = 100 * weight_bytes / ms / 1e6 / copy
+def weight_read_from_kernel_times(row: Row, contenders: dict, weight_bytes: int) -> None:
+    """`<name> weight %`: the weight's bytes over each contender's kernel time, as % of a copy
+    of the same bytes timed the same way. A decode GEMM's kernels take ~10 us while launching
+    them takes the H200 machine's host 20-75 us, so eager timings there time the host (a
+    profile showed the dispatched op and its key alone running the same kernels for the same
+    GPU time where do_bench gave 20 and 30 TFLOP/s), and a CUDA graph's replay adds its own
+    launch; the profiler's kernel durations, L2 cleared before each call, do not."""
+    src = torch.empty(weight_bytes // 2, dtype=torch.int16, device="cuda")
+    dst = torch.empty_like(src)
+    copy_us = kernel_us(lambda: dst.copy_(src))
+    for name, fn in contenders.items():
+        row.score[f"{name} weight %"] = 100 * copy_us / (2 * kernel_us(fn))
+
+
+def kernel_us(fn: Callable[[], Any], calls: int = 30) -> float:
+    """Median microseconds of GPU kernel time per call of `fn` (every kernel it launches), the
+    L2 cleared before each call; from torch.profiler's device-side durations."""
+    from torch.profiler import ProfilerActivity, profile
+
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        for _ in range(calls):
+            flush.zero_()
+            torch.cuda.synchronize()  # each call's kernels after its own clearing fill
+            fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in trace.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = [e for e in kernels if "FillFunctor" not in e.name]
+    per_call = [0.0] * calls
+    if len(kernels) % calls:
+        raise RuntimeError(f"{len(kernels)} kernels over {calls} calls: cannot split them")
+    each = len(kernels) // calls
+    for i, event in enumerate(sorted(kernels, key=lambda e: e.time_range.start)):
+        per_call[i // each] += event.time_range.elapsed_us()
+    return statistics.median(per_call)
 
 
 def arch() -> int:
