@@ -151,23 +151,6 @@ def test_cluster_row_tma_slices_compile(op, tilelang_cache):
     assert "tma_load" not in sources[torch.bfloat16]
 
 
-@pytest.mark.parametrize("op", sorted(OPS))
-def test_cluster_row_blocks_exchange_partials_in_shared_memory(op, tilelang_cache):
-    """tiles.exchange_partials: each block writes its partial statistics into every block of
-    its cluster (distributed shared memory) after all announced they run; no global workspace
-    is passed (the kernel takes x, its parameters and y)."""
-    cls = tileops_cuda.KERNELS[OPS[op]]["tilelang_cluster_row"]
-    call = make_call(op, 131072, torch.bfloat16)
-    with simulate_device("cuda:0", arch=90, sm_count=132, smem_budget=SMEM_BUDGET[90]):
-        kernel = cls.entry_for(call)[1]()
-    source = kernel.compiled.get_kernel_source()
-    assert "map_shared_rank" in source
-    assert "barrier.cluster.arrive.relaxed" in source or "cluster_arrive_relaxed" in source
-    assert "float* __restrict__ S" not in source
-    params = {"LayerNormFwdOp": 3, "RMSNormFwdOp": 2, "SoftmaxFwdOp": 1}[op]
-    assert len(kernel.compiled.params) == params + 1
-
-
 @pytest.mark.parametrize(
     "layout,n,dtype",
     [("warp_rows", 100, torch.float32), ("block_row", 16384, torch.bfloat16),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import pytest
@@ -247,6 +248,18 @@ def test_smem_row_serves_long_rows_it_holds_when_cluster_row_is_absent(name):
                 register_kernel_type(op_cls, key, cls)
         assert key_for(name, 65536, torch.bfloat16, 90) == "tilelang_smem_row"
         assert key_for(name, 262144, torch.bfloat16, 90) == "tilelang_stream_row"
+
+
+def test_cluster_row_workspace_holds_each_blocks_partials():
+    with simulate_device("cuda:0", arch=90, **DEVICES[90]):
+        plan = tileops_cuda.norms.LayerNormClusterRow.plan(
+            make_call("LayerNormFwdOp", 262144, torch.bfloat16)
+        )
+    kernel = tileops_cuda.norms.LayerNormClusterRow(compiled=None, plan=plan)
+    (workspace,) = kernel.workspace(torch.empty(5, 262144))
+    assert workspace.shape == (5, 8, 2) and workspace.dtype == torch.float32
+    unclustered = tileops_cuda.norms.LayerNormSmemRow(None, dataclasses.replace(plan, cluster=1))
+    assert unclustered.workspace(torch.empty(5, 10)) == ()
 
 
 @pytest.mark.parametrize("name", sorted(OPS))

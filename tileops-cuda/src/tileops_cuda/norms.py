@@ -45,7 +45,7 @@ class _LayerNorm(RowKernel, LayerNormInterface):
     ) -> torch.Tensor:
         x, params = aligned(x), [aligned(t) for t in (weight, bias) if t is not None]
         y = torch.empty_like(x)
-        self.compiled(x, *params, y)
+        self.compiled(x, *params, *self.workspace(x), y)
         return y
 
 
@@ -95,7 +95,7 @@ class _RMSNorm(RowKernel, RMSNormInterface):
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         x, params = aligned(x), [aligned(t) for t in (weight,) if t is not None]
         y = torch.empty_like(x)
-        self.compiled(x, *params, y)
+        self.compiled(x, *params, *self.workspace(x), y)
         return y
 
 
@@ -134,8 +134,7 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
 
     The row count is symbolic: one compiled kernel serves every row count. With a cluster
     (cluster_row), block `part` of a row holds elements [part * slice, (part + 1) * slice) and
-    the blocks' statistics meet in every block's P[0, part] across a cluster barrier
-    (tiles.exchange_partials).
+    the blocks' statistics meet in S[row, part] across a cluster barrier.
     """
     import tilelang.language as T
 
@@ -157,10 +156,9 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
         return T.Cast("float32", T.min(T.max(n - part * size, 0), size))
 
     @T.macro
-    def body(X, W, B, Y):
+    def body(X, W, B, S, Y):
         with tiles.launch(plan, m) as bx:
             T.annotate_min_blocks_per_sm(plan.blocks_per_sm)
-            P = tiles.cluster_partials(cluster) if cluster > 1 else None
             tx = T.get_thread_binding()
             lane = tx % lanes
             row = (bx // cluster) * plan.rows + tx // lanes
@@ -205,8 +203,11 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
             var = T.alloc_var("float32", init=0.0)
             if kind == "rms" and cluster > 1:
                 squares = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
-                tiles.exchange_partials(P, part, squares, 0.0, cluster)
-                var = tiles.merged_mean(P, 0, cluster, n)
+                tiles.share_partials(S, row, part, squares, 0.0)
+                var = 0.0
+                for p in T.unroll(cluster):
+                    var += S[row, p, 0]
+                var = var / n
             elif kind == "rms":
                 var = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane) / n
             else:  # the block's (sum, M2) of its slice
@@ -232,9 +233,9 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
                     spread = tiles.reduce_group(s2, "sum", plan, scratch, 1, lane)
                 var = spread / n
                 if cluster > 1:  # Chan's merge of the slices' (count, mean, M2)
-                    tiles.exchange_partials(P, part, total, spread, cluster)
-                    mean = tiles.merged_mean(P, 0, cluster, n)
-                    var = tiles.merged_var(P, 0, cluster, n, mean, slice_values)
+                    tiles.share_partials(S, row, part, total, spread)
+                    mean = tiles.merged_mean(S, row, cluster, n)
+                    var = tiles.merged_var(S, row, cluster, n, mean, slice_values)
                 mean = shift + mean  # shifted sums' mean is relative to the row's first element
             rstd = T.rsqrt(var + eps)
             for k in tiles.chunk_loop(plan):
@@ -252,10 +253,13 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
                             Y[row, col + v] = (t[v] - mean) * rstd
 
     rows, vector = (m, n), (n,)
+    if cluster > 1:
+        return _cluster_norm_func(body, dtype, pdtype, rows, vector, (m, cluster, 2), has_weight,
+                                  has_bias)  # fmt: skip
     if has_weight and has_bias:
 
         def main(X, W, B, Y):
-            body(X, W, B, Y)
+            body(X, W, B, None, Y)
 
         return tiles.prim_func(
             main, dtype, {"W": pdtype, "B": pdtype}, X=rows, W=vector, B=vector, Y=rows
@@ -263,11 +267,36 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
     if has_weight or has_bias:
 
         def main(X, P, Y):
-            body(X, P, P, Y)
+            body(X, P, P, None, Y)
 
         return tiles.prim_func(main, dtype, {"P": pdtype}, X=rows, P=vector, Y=rows)
 
     def main(X, Y):
-        body(X, None, None, Y)
+        body(X, None, None, None, Y)
 
     return tiles.prim_func(main, dtype, X=rows, Y=rows)
+
+
+def _cluster_norm_func(body, dtype, pdtype, rows, vector, work, has_weight, has_bias) -> Any:
+    """norm_program's prim_func with the cluster's workspace S before Y."""
+    from . import tiles
+
+    f32 = {"S": "float32"}
+    if has_weight and has_bias:
+
+        def main(X, W, B, S, Y):
+            body(X, W, B, S, Y)
+
+        dtypes = {"W": pdtype, "B": pdtype, **f32}
+        return tiles.prim_func(main, dtype, dtypes, X=rows, W=vector, B=vector, S=work, Y=rows)
+    if has_weight or has_bias:
+
+        def main(X, P, S, Y):
+            body(X, P, P, S, Y)
+
+        return tiles.prim_func(main, dtype, {"P": pdtype, **f32}, X=rows, P=vector, S=work, Y=rows)
+
+    def main(X, S, Y):
+        body(X, None, None, S, Y)
+
+    return tiles.prim_func(main, dtype, f32, X=rows, S=work, Y=rows)

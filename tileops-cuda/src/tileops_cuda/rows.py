@@ -17,8 +17,8 @@ between its reduction and its output pass decides the layout:
 
 cluster_row splits a row over a thread-block cluster (sm_90): each block keeps a slice of at
 most CLUSTER_SLICE_BYTES in shared memory, so even 256K-element rows are read once and several
-blocks share a multiprocessor (one loads while another reduces). Blocks write their partial
-statistics into each other's shared memory across a cluster barrier. On 32-bit LayerNorm and
+blocks share a multiprocessor (one loads while another reduces). Blocks exchange their partial
+statistics through a small global workspace across a cluster barrier. On 32-bit LayerNorm and
 RMSNorm rows of up to 256 KB each block's slice arrives by one TMA transfer (RowPlan.bulk).
 
 Where layouts could overlap, the H200 decided (benchmarks/results/norms_nvidia_h200.md and
@@ -328,7 +328,14 @@ class RowKernel(Kernel):
 
     def __init__(self, compiled: Any, plan: RowPlan) -> None:
         self.compiled = compiled
-        self.plan = plan
+        self.cluster = plan.cluster
+
+    def workspace(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The cluster's exchange of partial statistics, (rows, cluster, 2) float32; none
+        without a cluster."""
+        if self.cluster == 1:
+            return ()
+        return (torch.empty((x.shape[0], self.cluster, 2), dtype=torch.float32, device=x.device),)
 
 
 # -- regions: each layout's declarations, shared by every family --------------------------------
@@ -390,8 +397,7 @@ class StreamRow:
 
 class ClusterRow:
     """Long rows on sm_90: a cluster of blocks per row, each keeping its slice in shared memory
-    (read once); partial statistics meet in each block's shared memory across a cluster
-    barrier (tiles.exchange_partials)."""
+    (read once); partial statistics meet in a global workspace across a cluster barrier."""
 
     layout: ClassVar[str] = "cluster_row"
     supported_archs: ClassVar[frozenset[int]] = CLUSTER_ARCHS

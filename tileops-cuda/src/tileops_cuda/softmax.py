@@ -48,7 +48,7 @@ class _Softmax(RowKernel, SoftmaxInterface):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = aligned(x)
         y = torch.empty_like(x)
-        self.compiled(x, y)
+        self.compiled(x, *self.workspace(x), y)
         return y
 
 
@@ -87,7 +87,7 @@ class SoftmaxClusterRow(ClusterRow, _Softmax):
 def softmax_program(plan: RowPlan, call: Any) -> Any:
     """The prim_func of softmax over rows of `call.n` elements with `plan`; rows symbolic.
     With a cluster, each block's (max, sum of exp(x - max)) over its slice meets the others'
-    in every block's P[0, part] across a cluster barrier (tiles.exchange_partials)."""
+    in S[row, part] across a cluster barrier."""
     import tilelang.language as T
 
     from . import tiles
@@ -108,10 +108,9 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
     m = T.dynamic("m")
 
     @T.macro
-    def body(X, Y):
+    def body(X, S, Y):
         with tiles.launch(plan, m) as bx:
             T.annotate_min_blocks_per_sm(plan.blocks_per_sm)
-            P = tiles.cluster_partials(cluster) if cluster > 1 else None
             tx = T.get_thread_binding()
             lane = tx % lanes
             row = (bx // cluster) * plan.rows + tx // lanes
@@ -156,17 +155,17 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
             peak = row_max
             scale = tiles.reduce_group(total, "sum", plan, scratch, 1, lane)
             if cluster > 1:  # the slices' sums, each rescaled to the row's max
-                tiles.exchange_partials(P, part, peak, scale, cluster)
-                peak = P[0, 0, 0]
+                tiles.share_partials(S, row, part, peak, scale)
+                peak = S[row, 0, 0]
                 for p in T.unroll(1, cluster):
-                    peak = T.max(peak, P[0, p, 0])
+                    peak = T.max(peak, S[row, p, 0])
                 scale = 0.0
                 for p in T.unroll(cluster):
                     if not scaled:
-                        scale += P[0, p, 1] * tiles.exp_gap(P[0, p, 0], peak)
-                    elif P[0, p, 0] != ninf:  # by the rounded maxima the sums subtracted
-                        gap = tiles.in_log2_units(P[0, p, 0]) - tiles.in_log2_units(peak)
-                        scale += P[0, p, 1] * T.exp2(gap)
+                        scale += S[row, p, 1] * tiles.exp_gap(S[row, p, 0], peak)
+                    elif S[row, p, 0] != ninf:  # by the rounded maxima the sums subtracted
+                        gap = tiles.in_log2_units(S[row, p, 0]) - tiles.in_log2_units(peak)
+                        scale += S[row, p, 1] * T.exp2(gap)
             scaled_peak = tiles.in_log2_units(peak) if scaled else None
             if fold:
                 scaled_peak = scaled_peak + T.log2(scale)
@@ -186,7 +185,15 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
                         for v in T.vectorized(vec):
                             Y[row, col + v] = tiles.exp_from(t[v], peak) * scale
 
-    def main(X, Y):
-        body(X, Y)
+    rows = (m, n)
+    if cluster > 1:
 
-    return tiles.prim_func(main, dtype, X=(m, n), Y=(m, n))
+        def main(X, S, Y):
+            body(X, S, Y)
+
+        return tiles.prim_func(main, dtype, {"S": "float32"}, X=rows, S=(m, cluster, 2), Y=rows)
+
+    def main(X, Y):
+        body(X, None, Y)
+
+    return tiles.prim_func(main, dtype, X=rows, Y=rows)
