@@ -8,7 +8,8 @@ threads, each block keeping a 16-128 KB slice; block_row and smem_row candidates
 128 to 1024 threads. LayerNorm's shared-memory candidates run with and without their
 statistics gathered while the row loads (`RowPlan.one_pass`), on sm_90 every shared-memory
 candidate also with its slice brought by TMA (`RowPlan.bulk`), and softmax's also with scaled
-exponents (`RowPlan.scaled_exp`). Every candidate runs at the
+exponents (`RowPlan.scaled_exp`), and cluster_row's also with their partials exchanged in
+shared memory (`RowPlan.dsmem`, "DSMEM"). Every candidate runs at the
 occupancy `with_occupancy` gives it; `--only REGEX` keeps the candidates whose label matches.
 The `triton` layout sweeps the Triton programs (`tileops_triton.rows`): the whole row in one
 block of 8, 16 or 32 warps, or looped over 2048- to 8192-element chunks with 8 or 16 warps.
@@ -51,7 +52,7 @@ TRITON_FUSED_MAX = 65536
 def plans(layout: str, op: str, call: Any) -> list[Any]:
     """The candidate plans of `layout` for `call`; LayerNorm's shared-memory plans with and
     without one-pass statistics; shared-memory plans with and without TMA (sm_90); softmax's
-    with and without scaled exponents."""
+    with and without scaled exponents; cluster plans with and without DSMEM partials."""
     import dataclasses
 
     from tileops_cuda.rows import bulk_eligible
@@ -64,6 +65,8 @@ def plans(layout: str, op: str, call: Any) -> list[Any]:
               if bulk_eligible(p, call.n, call.dtype, call.arch)]  # fmt: skip
     if op == "softmax":
         found += [dataclasses.replace(p, scaled_exp=True) for p in found]
+    if layout == "cluster_row":
+        found += [dataclasses.replace(p, dsmem=True) for p in found]
     return found
 
 
@@ -108,12 +111,10 @@ def cluster_plans(call: Any) -> list[Any]:
 def build(layout: str, op: str, call: Any, plan: Any) -> Any:
     import tileops_cuda
     from tileops.ops import LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
-    from tileops_cuda.compile import build_program
 
     op_cls = {"layer_norm": LayerNormFwdOp, "rms_norm": RMSNormFwdOp, "softmax": SoftmaxFwdOp}[op]
     cls = tileops_cuda.KERNELS[op_cls][f"tilelang_{layout}"]
-    name = f"sweep/{cls.__name__}/{call.n}/{plan}"
-    return cls(build_program(name, cls.program(plan, call), call.arch), plan)
+    return cls.build(plan, call, f"sweep/{cls.__name__}/{call.n}/{plan}")
 
 
 Job = tuple[str, str, str, int]  # layout, op, dtype, n
@@ -146,8 +147,9 @@ def plan_label(plan: Any, itemsize: int) -> str:
     one_pass = ", one pass" if plan.one_pass else ""
     bulk = ", TMA" if plan.bulk else ""
     scaled = ", scaled exp" if plan.scaled_exp else ""
+    dsmem = ", DSMEM" if plan.dsmem else ""
     return (f"{plan.lanes} threads, cluster {plan.cluster}, {plan.slice * itemsize // 1024} KB "
-            f"per block, {plan.blocks_per_sm}/SM{one_pass}{bulk}{scaled}")  # fmt: skip
+            f"per block, {plan.blocks_per_sm}/SM{one_pass}{bulk}{scaled}{dsmem}")  # fmt: skip
 
 
 def triton_plans(op: str, call: Any) -> list[Any]:

@@ -109,19 +109,16 @@ def test_one_pass_statistics_compile(layout, n, tilelang_cache):
     plan sweep."""
     import dataclasses
 
-    from tileops_cuda.compile import build_program
-
     cls = tileops_cuda.KERNELS[LayerNormFwdOp][f"tilelang_{layout}"]
     call = make_call("LayerNormFwdOp", n, torch.bfloat16)
+    walks = {}
     with simulate_device("cuda:0", arch=90, sm_count=132, smem_budget=SMEM_BUDGET[90]):
         plan = cls.plan(call)
+        for one_pass in (False, True):
+            variant = dataclasses.replace(plan, one_pass=one_pass)
+            kernel = cls.build(variant, call, f"test/LayerNorm/{layout}/{variant}")
+            walks[one_pass] = kernel.compiled.get_kernel_source().count("for (int k")
     assert plan.one_pass == (layout == "cluster_row")
-    walks = {}
-    for one_pass in (False, True):
-        variant = dataclasses.replace(plan, one_pass=one_pass)
-        program = cls.program(variant, call)
-        name = f"test/LayerNorm/{layout}/{variant}"
-        walks[one_pass] = build_program(name, program, 90).get_kernel_source().count("for (int k")
     assert walks == {False: 3, True: 2}
 
 
@@ -151,6 +148,27 @@ def test_cluster_row_tma_slices_compile(op, tilelang_cache):
     assert "tma_load" not in sources[torch.bfloat16]
 
 
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_cluster_row_partials_in_shared_memory_compile(op, tilelang_cache):
+    """RowPlan.dsmem: each block writes its partials into every block of its cluster after all
+    announced they run, takes no workspace, and keeps each shared buffer in a region of its own
+    (other blocks' writes land while it still reduces: reuse would put them over live data)."""
+    import dataclasses
+    import re
+
+    cls = tileops_cuda.KERNELS[OPS[op]]["tilelang_cluster_row"]
+    call = make_call(op, 131072, torch.bfloat16)
+    with simulate_device("cuda:0", arch=90, sm_count=132, smem_budget=SMEM_BUDGET[90]):
+        plan = dataclasses.replace(cls.plan(call), dsmem=True)
+        kernel = cls.build(plan, call, f"test/dsmem/{op}/{plan}")
+    source = kernel.compiled.get_kernel_source()
+    assert "map_shared_rank" in source and "cluster_arrive_relaxed" in source
+    assert kernel.workspace(torch.empty(3, 131072)) == ()
+    assert len(kernel.compiled.params) == {"LayerNormFwdOp": 4, "RMSNormFwdOp": 3}.get(op, 2)
+    offsets = re.findall(r"void\* \w+ = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)", source)
+    assert len(offsets) == 4 and len(set(offsets)) == 4  # mine, partials, scratch, the slice
+
+
 @pytest.mark.parametrize(
     "layout,n,dtype",
     [("warp_rows", 100, torch.float32), ("block_row", 16384, torch.bfloat16),
@@ -161,12 +179,10 @@ def test_softmax_scaled_exponents_compile(layout, n, dtype, tilelang_cache):
     the max in log2 units, the output still stored as vectors."""
     import dataclasses
 
-    from tileops_cuda.compile import build_program
-
     cls = tileops_cuda.KERNELS[SoftmaxFwdOp][f"tilelang_{layout}"]
     call = make_call("SoftmaxFwdOp", n, dtype)
     with simulate_device("cuda:0", arch=90, sm_count=132, smem_budget=SMEM_BUDGET[90]):
         plan = dataclasses.replace(cls.plan(call), scaled_exp=True)
-    source = build_program(f"test/scaled/{plan}", cls.program(plan, call), 90).get_kernel_source()
+        source = cls.build(plan, call, f"test/scaled/{plan}").compiled.get_kernel_source()
     assert "__fmaf_rn" in source and "__fmul_rn" in source
     assert "* 0x1.71547652b82fep+0f" not in source  # no separate multiply by log2 e

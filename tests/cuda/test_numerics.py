@@ -7,7 +7,7 @@ import multiprocessing
 
 import pytest
 import torch
-from cuda_grid import kernel_cases, make_call
+from cuda_grid import ROW_OPS, kernel_cases, make_call
 
 import tileops_cuda
 from tileops.ops import LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
@@ -137,12 +137,10 @@ def _one_pass_layer_norm(key: str, n: int, dtype: torch.dtype):
     cluster_row gather their statistics while loading anyway; smem_row only in the sweep)."""
     import dataclasses
 
-    from tileops_cuda.compile import build_program
-
     cls = tileops_cuda.KERNELS[LayerNormFwdOp][key]
     call = make_call("LayerNormFwdOp", n, dtype)
     plan = dataclasses.replace(cls.plan(call), one_pass=True)
-    return cls(build_program(f"test/{key}/{n}/{plan}", cls.program(plan, call), call.arch), plan)
+    return cls.build(plan, call, f"test/{key}/{n}/{plan}")
 
 
 ONE_PASS_LAYOUTS = [
@@ -217,12 +215,10 @@ def test_softmax_scaled_exponents(key, n, dtype):
     rows behave as torch's."""
     import dataclasses
 
-    from tileops_cuda.compile import build_program
-
     cls = tileops_cuda.KERNELS[SoftmaxFwdOp][key]
     call = make_call("SoftmaxFwdOp", n, dtype)
     plan = dataclasses.replace(cls.plan(call), scaled_exp=True)
-    kernel = cls(build_program(f"test/{key}/{n}/{plan}", cls.program(plan, call), call.arch), plan)
+    kernel = cls.build(plan, call, f"test/{key}/{n}/{plan}")
     x = (torch.randn(4, n, device="cuda") * 5 + 1000).to(dtype)
     limit = 3e-6 if dtype == torch.float32 else TOLERANCE[dtype]
     assert _rel_err(kernel(x), torch.softmax(x.double(), -1)) < limit
@@ -230,3 +226,24 @@ def test_softmax_scaled_exponents(key, n, dtype):
     x[1] = float("-inf")
     want = torch.softmax(x.float(), -1)
     torch.testing.assert_close(kernel(x).float(), want, equal_nan=True, atol=1e-6, rtol=1e-2)
+
+
+@pytest.mark.parametrize("op_cls", ROW_OPS, ids=lambda cls: cls.__name__)
+@pytest.mark.parametrize("n", [65536, 262147])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cluster_row_partials_in_shared_memory(op_cls, n, dtype):
+    """RowPlan.dsmem (a plan-sweep option): partials written into every block's shared memory
+    give the reference's rows, whole and odd-length, run after run (a block's buffers must not
+    be reused while other blocks' writes may still land)."""
+    import dataclasses
+
+    op, cls = op_cls.__name__, tileops_cuda.KERNELS[op_cls]["tilelang_cluster_row"]
+    call = make_call(op, n, dtype)
+    plan = dataclasses.replace(cls.plan(call), dsmem=True)
+    kernel = cls.build(plan, call, f"test/dsmem/{op}/{n}/{plan}")
+    args, reference = _inputs(op, n, dtype)
+    want = reference(*args)
+    for _ in range(20):
+        got = kernel(*args)
+        assert torch.isfinite(got).all()
+        assert _rel_err(got, want) < TOLERANCE[dtype]

@@ -134,7 +134,8 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
 
     The row count is symbolic: one compiled kernel serves every row count. With a cluster
     (cluster_row), block `part` of a row holds elements [part * slice, (part + 1) * slice) and
-    the blocks' statistics meet in S[row, part] across a cluster barrier.
+    the blocks' statistics meet in S[row, part] across a cluster barrier (with RowPlan.dsmem in
+    every block's shared memory instead).
     """
     import tilelang.language as T
 
@@ -159,10 +160,12 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
     def body(X, W, B, S, Y):
         with tiles.launch(plan, m) as bx:
             T.annotate_min_blocks_per_sm(plan.blocks_per_sm)
+            P = tiles.cluster_partials(cluster) if plan.dsmem else None
             tx = T.get_thread_binding()
             lane = tx % lanes
             row = (bx // cluster) * plan.rows + tx // lanes
             part = bx % cluster
+            S, at = tiles.partials_at(plan, S, P, row)  # S[at]: the cluster's partials
             base = part * size  # where this block's slice starts (0 without a cluster)
             held = T.min(T.max(n - base, 0), size)  # elements of the row in this block
             store = tiles.row_store(plan, dtype)
@@ -203,10 +206,10 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
             var = T.alloc_var("float32", init=0.0)
             if kind == "rms" and cluster > 1:
                 squares = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
-                tiles.share_partials(S, row, part, squares, 0.0)
+                tiles.publish_partials(plan, S, P, row, part, squares, 0.0)
                 var = 0.0
                 for p in T.unroll(cluster):
-                    var += S[row, p, 0]
+                    var += S[at, p, 0]
                 var = var / n
             elif kind == "rms":
                 var = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane) / n
@@ -233,9 +236,9 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
                     spread = tiles.reduce_group(s2, "sum", plan, scratch, 1, lane)
                 var = spread / n
                 if cluster > 1:  # Chan's merge of the slices' (count, mean, M2)
-                    tiles.share_partials(S, row, part, total, spread)
-                    mean = tiles.merged_mean(S, row, cluster, n)
-                    var = tiles.merged_var(S, row, cluster, n, mean, slice_values)
+                    tiles.publish_partials(plan, S, P, row, part, total, spread)
+                    mean = tiles.merged_mean(S, at, cluster, n)
+                    var = tiles.merged_var(S, at, cluster, n, mean, slice_values)
                 mean = shift + mean  # shifted sums' mean is relative to the row's first element
             rstd = T.rsqrt(var + eps)
             for k in tiles.chunk_loop(plan):
@@ -253,7 +256,7 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
                             Y[row, col + v] = (t[v] - mean) * rstd
 
     rows, vector = (m, n), (n,)
-    if cluster > 1:
+    if cluster > 1 and not plan.dsmem:
         return _cluster_norm_func(body, dtype, pdtype, rows, vector, (m, cluster, 2), has_weight,
                                   has_bias)  # fmt: skip
     if has_weight and has_bias:

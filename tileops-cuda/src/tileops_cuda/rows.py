@@ -134,7 +134,9 @@ class RowPlan:
     block's slice arrives in shared memory by TMA (sm_90) before any lane reads it, instead of
     through the lanes' registers (bulk_eligible says which plans can). `scaled_exp` (softmax,
     held rows): each exponential is one fused multiply-add from the max in log2 units (tiles.
-    exp_below) instead of a subtract and a multiply; 16-bit rows in shared memory take it."""
+    exp_below) instead of a subtract and a multiply; 16-bit rows in shared memory take it.
+    `dsmem` (cluster_row): the blocks write their partial statistics into each other's shared
+    memory (tiles.exchange_partials) instead of the global workspace; a plan-sweep option."""
 
     hold: str
     rows: int
@@ -146,6 +148,7 @@ class RowPlan:
     one_pass: bool = False
     bulk: bool = False
     scaled_exp: bool = False
+    dsmem: bool = False
 
     @property
     def threads(self) -> int:
@@ -315,12 +318,16 @@ class RowKernel(Kernel):
         plan = cls.plan(call)
         identity = (call.arch, DTYPE_NAMES[call.dtype], call.n, plan, *cls.build_fields(call))
 
-        def build() -> RowKernel:
-            program = cls.program(plan, call)
-            name = f"{cls.__name__}{identity}"
-            return cls(build_program(name, program, call.arch), plan)
+        return identity, lambda: cls.build(plan, call, f"{cls.__name__}{identity}")
 
-        return identity, build
+    @classmethod
+    def build(cls, plan: RowPlan, call: Any, name: str) -> RowKernel:
+        """The kernel of `plan` for `call`, compiled once across processes under `name`. Partials
+        exchanged in shared memory (RowPlan.dsmem) arrive while the block still reduces, so its
+        buffers each keep a region of their own (no reuse of a buffer TileLang deems dead)."""
+        configs = {"tl.disable_shared_memory_reuse": True} if plan.dsmem else None
+        program = build_program(name, cls.program(plan, call), call.arch, pass_configs=configs)
+        return cls(program, plan)
 
     @classmethod
     def program(cls, plan: RowPlan, call: Any) -> Any:
@@ -328,12 +335,12 @@ class RowKernel(Kernel):
 
     def __init__(self, compiled: Any, plan: RowPlan) -> None:
         self.compiled = compiled
-        self.cluster = plan.cluster
+        self.cluster, self.dsmem = plan.cluster, plan.dsmem
 
     def workspace(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The cluster's exchange of partial statistics, (rows, cluster, 2) float32; none
-        without a cluster."""
-        if self.cluster == 1:
+        without a cluster or with RowPlan.dsmem."""
+        if self.cluster == 1 or self.dsmem:
             return ()
         return (torch.empty((x.shape[0], self.cluster, 2), dtype=torch.float32, device=x.device),)
 

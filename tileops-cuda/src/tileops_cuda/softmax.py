@@ -87,7 +87,8 @@ class SoftmaxClusterRow(ClusterRow, _Softmax):
 def softmax_program(plan: RowPlan, call: Any) -> Any:
     """The prim_func of softmax over rows of `call.n` elements with `plan`; rows symbolic.
     With a cluster, each block's (max, sum of exp(x - max)) over its slice meets the others'
-    in S[row, part] across a cluster barrier."""
+    in S[row, part] across a cluster barrier (with RowPlan.dsmem in every block's shared
+    memory instead)."""
     import tilelang.language as T
 
     from . import tiles
@@ -111,10 +112,12 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
     def body(X, S, Y):
         with tiles.launch(plan, m) as bx:
             T.annotate_min_blocks_per_sm(plan.blocks_per_sm)
+            P = tiles.cluster_partials(cluster) if plan.dsmem else None
             tx = T.get_thread_binding()
             lane = tx % lanes
             row = (bx // cluster) * plan.rows + tx // lanes
             part = bx % cluster
+            S, at = tiles.partials_at(plan, S, P, row)  # S[at]: the cluster's partials
             base = part * size  # where this block's slice starts (0 without a cluster)
             store = tiles.row_store(plan, dtype)
             tiles.bulk_load(X, store, plan, row, base)
@@ -155,17 +158,17 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
             peak = row_max
             scale = tiles.reduce_group(total, "sum", plan, scratch, 1, lane)
             if cluster > 1:  # the slices' sums, each rescaled to the row's max
-                tiles.share_partials(S, row, part, peak, scale)
-                peak = S[row, 0, 0]
+                tiles.publish_partials(plan, S, P, row, part, peak, scale)
+                peak = S[at, 0, 0]
                 for p in T.unroll(1, cluster):
-                    peak = T.max(peak, S[row, p, 0])
+                    peak = T.max(peak, S[at, p, 0])
                 scale = 0.0
                 for p in T.unroll(cluster):
                     if not scaled:
-                        scale += S[row, p, 1] * tiles.exp_gap(S[row, p, 0], peak)
-                    elif S[row, p, 0] != ninf:  # by the rounded maxima the sums subtracted
-                        gap = tiles.in_log2_units(S[row, p, 0]) - tiles.in_log2_units(peak)
-                        scale += S[row, p, 1] * T.exp2(gap)
+                        scale += S[at, p, 1] * tiles.exp_gap(S[at, p, 0], peak)
+                    elif S[at, p, 0] != ninf:  # by the rounded maxima the sums subtracted
+                        gap = tiles.in_log2_units(S[at, p, 0]) - tiles.in_log2_units(peak)
+                        scale += S[at, p, 1] * T.exp2(gap)
             scaled_peak = tiles.in_log2_units(peak) if scaled else None
             if fold:
                 scaled_peak = scaled_peak + T.log2(scale)
@@ -186,7 +189,7 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
                             Y[row, col + v] = tiles.exp_from(t[v], peak) * scale
 
     rows = (m, n)
-    if cluster > 1:
+    if cluster > 1 and not plan.dsmem:
 
         def main(X, S, Y):
             body(X, S, Y)

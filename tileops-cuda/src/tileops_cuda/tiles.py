@@ -70,6 +70,48 @@ def share_partials(S, row, part, first, second):
 
 
 @T.macro
+def cluster_partials(parts: int):
+    """RowPlan.dsmem, at launch: the cluster's partial statistics in this block's shared memory,
+    P[0, part] for each block `part` of the row (exchange_partials fills it). Every block
+    announces that it runs (its shared memory may be written): the exchange waits for that
+    announcement instead of a full barrier."""
+    T.cluster_arrive_relaxed()
+    return T.alloc_shared((1, parts, 2), "float32")
+
+
+@T.macro
+def exchange_partials(P, part, first, second, parts: int):
+    """RowPlan.dsmem: block `part` writes its two partial statistics into P[0, part] of every
+    block of its cluster (distributed shared memory), then waits at the cluster barrier until
+    every block has written its own: no round trip to L2 after the barrier, as share_partials'
+    global workspace costs. Other blocks write P while this one still reduces, so the program
+    must be compiled without shared-memory reuse (RowKernel.build)."""
+    mine = T.alloc_shared((2,), "float32")
+    if T.get_thread_binding() == 0:
+        mine[0] = first
+        mine[1] = second
+    T.cluster_wait()  # every block of the cluster runs (cluster_partials' announcement)
+    for r in T.serial(parts):
+        T.copy_cluster(mine, P[0, part, :], dst_block=r)
+    T.cluster_sync()
+
+
+def partials_at(plan: RowPlan, S, P, row):
+    """Where a cluster's partial statistics are read: (buffer, row index), S[row] in the global
+    workspace or P[0] in the block's shared memory (RowPlan.dsmem)."""
+    return (P, 0) if plan.dsmem else (S, row)
+
+
+@T.macro
+def publish_partials(plan: RowPlan, S, P, row, part, first, second):
+    """share_partials or, with RowPlan.dsmem, exchange_partials."""
+    if plan.dsmem:
+        exchange_partials(P, part, first, second, plan.cluster)
+    else:
+        share_partials(S, row, part, first, second)
+
+
+@T.macro
 def merged_mean(S, row, parts: int, values):
     """The whole's mean from the parts' sums in S[row, :, 0] (share_partials), over `values`."""
     acc = T.alloc_var("float32", init=0.0)
