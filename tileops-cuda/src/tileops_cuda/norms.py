@@ -207,10 +207,7 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
             if kind == "rms" and cluster > 1:
                 squares = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
                 tiles.publish_partials(plan, S, P, row, part, squares, 0.0)
-                var = 0.0
-                for p in T.unroll(cluster):
-                    var += S[at, p, 0]
-                var = var / n
+                var = tiles.merged_mean(S, at, cluster, n)  # the slices' sums of squares
             elif kind == "rms":
                 var = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane) / n
             else:  # the block's (sum, M2) of its slice

@@ -335,14 +335,15 @@ class RowKernel(Kernel):
 
     def __init__(self, compiled: Any, plan: RowPlan) -> None:
         self.compiled = compiled
-        self.cluster, self.dsmem = plan.cluster, plan.dsmem
+        self.plan = plan
 
     def workspace(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The cluster's exchange of partial statistics, (rows, cluster, 2) float32; none
         without a cluster or with RowPlan.dsmem."""
-        if self.cluster == 1 or self.dsmem:
+        cluster = self.plan.cluster
+        if cluster == 1 or self.plan.dsmem:
             return ()
-        return (torch.empty((x.shape[0], self.cluster, 2), dtype=torch.float32, device=x.device),)
+        return (torch.empty((x.shape[0], cluster, 2), dtype=torch.float32, device=x.device),)
 
 
 # -- regions: each layout's declarations, shared by every family --------------------------------
