@@ -232,9 +232,9 @@ def test_softmax_scaled_exponents(key, n, dtype):
 @pytest.mark.parametrize("n", [65536, 262147])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cluster_row_partials_in_shared_memory(op_cls, n, dtype):
-    """RowPlan.dsmem (a plan-sweep option): partials written into every block's shared memory
-    give the reference's rows, whole and odd-length, run after run (a block's buffers must not
-    be reused while other blocks' writes may still land)."""
+    """RowPlan.dsmem (served up to DSMEM_CLUSTER_MAX blocks, forced here on 16 too): partials
+    written into every block's shared memory give the reference's rows, whole and odd-length,
+    run after run (a block's buffers must not be reused while other blocks' writes may land)."""
     import dataclasses
 
     op, cls = op_cls.__name__, tileops_cuda.KERNELS[op_cls]["tilelang_cluster_row"]

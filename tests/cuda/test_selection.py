@@ -142,7 +142,7 @@ def test_single_block_plans(layout, n, dtype, lanes, chunks):
         ("LayerNormFwdOp", 262144, torch.bfloat16, 8, 256, 16),  # LayerNorm's 16-bit threads
         ("LayerNormFwdOp", 65536, torch.float32, 8, 256, 8),
         ("LayerNormFwdOp", 57000, torch.float32, 4, 512, 7),  # TMA would pass the row's end
-        ("SoftmaxFwdOp", 65536, torch.float32, 4, 512, 8),  # softmax measured slower with TMA
+        ("SoftmaxFwdOp", 65536, torch.float32, 4, 256, 16),  # softmax measured slower with TMA
     ],
 )
 def test_cluster_row_slices(name, n, dtype, cluster, lanes, chunks):
@@ -207,14 +207,14 @@ def test_smem_row_takes_tma_rows_where_measured_faster(name, n, dtype, arch, bul
         ("tilelang_smem_row", 40000, torch.float32, 90, False, 1024),
         ("tilelang_cluster_row", 65536, torch.bfloat16, 90, True, 256),
         ("tilelang_cluster_row", 262144, torch.float16, 90, True, 256),
-        ("tilelang_cluster_row", 131072, torch.float32, 90, False, 512),
+        ("tilelang_cluster_row", 131072, torch.float32, 90, False, 256),
         ("tilelang_block_row", 16384, torch.bfloat16, 90, False, 256),  # registers: not measured
         ("tilelang_stream_row", 65536, torch.bfloat16, 90, False, 1024),  # online: no held max
     ],
 )
 def test_softmax_scaled_exponents_where_measured_faster(key, n, dtype, arch, scaled, lanes):
-    """16-bit softmax rows held in shared memory take scaled exponents; their cluster blocks
-    have 256 threads (row_plans_softmax_scaled_exp)."""
+    """16-bit softmax rows held in shared memory take scaled exponents; cluster blocks have 256
+    threads (row_plans_softmax_scaled_exp, row_plans_cluster_row_dsmem)."""
     cls = tileops_cuda.KERNELS[SoftmaxFwdOp][key]
     with simulate_device("cuda:0", arch=arch, **DEVICES[arch]):
         call = make_call("SoftmaxFwdOp", n, dtype)
@@ -250,15 +250,26 @@ def test_smem_row_serves_long_rows_it_holds_when_cluster_row_is_absent(name):
         assert key_for(name, 262144, torch.bfloat16, 90) == "tilelang_stream_row"
 
 
-def test_cluster_row_workspace_holds_each_blocks_partials():
+def test_cluster_row_workspace_holds_each_blocks_partials_where_shared_memory_does_not():
+    """Clusters of up to DSMEM_CLUSTER_MAX blocks, or of 256-thread blocks, reading through the
+    lanes exchange partials in shared memory; 16 blocks of 512 threads and TMA-loaded slices
+    through a (rows, cluster, 2) workspace."""
+    cls = tileops_cuda.norms.LayerNormClusterRow
+    shapes = ((262144, torch.bfloat16), (262144, torch.float32), (65536, torch.float32))
     with simulate_device("cuda:0", arch=90, **DEVICES[90]):
-        plan = tileops_cuda.norms.LayerNormClusterRow.plan(
-            make_call("LayerNormFwdOp", 262144, torch.bfloat16)
+        eight, sixteen, bulk = (cls.plan(make_call("LayerNormFwdOp", *s)) for s in shapes)
+    assert (eight.cluster, eight.dsmem) == (8, True)
+    assert (sixteen.cluster, sixteen.dsmem) == (16, False)
+    assert bulk.bulk and not bulk.dsmem
+    with simulate_device("cuda:0", arch=90, **DEVICES[90]):
+        softmax = tileops_cuda.softmax.SoftmaxClusterRow.plan(
+            make_call("SoftmaxFwdOp", 262144, torch.float32)
         )
-    kernel = tileops_cuda.norms.LayerNormClusterRow(compiled=None, plan=plan)
-    (workspace,) = kernel.workspace(torch.empty(5, 262144))
-    assert workspace.shape == (5, 8, 2) and workspace.dtype == torch.float32
-    unclustered = tileops_cuda.norms.LayerNormSmemRow(None, dataclasses.replace(plan, cluster=1))
+    assert (softmax.cluster, softmax.lanes, softmax.dsmem) == (16, 256, True)
+    (workspace,) = cls(compiled=None, plan=sixteen).workspace(torch.empty(5, 262144))
+    assert workspace.shape == (5, 16, 2) and workspace.dtype == torch.float32
+    assert cls(None, eight).workspace(torch.empty(5, 8)) == ()
+    unclustered = tileops_cuda.norms.LayerNormSmemRow(None, dataclasses.replace(eight, cluster=1))
     assert unclustered.workspace(torch.empty(5, 10)) == ()
 
 

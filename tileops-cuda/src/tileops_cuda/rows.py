@@ -116,6 +116,14 @@ CLUSTER_LONE_BLOCK_THREADS = MAX_THREADS
 BULK_ROW_BYTES = 256 * 1024
 BULK_SLICE_BYTES = 32 * 1024
 BULK_THREADS = 256
+# Partials exchanged in shared memory (RowPlan.dsmem) on clusters of up to DSMEM_CLUSTER_MAX
+# blocks, or of blocks of up to DSMEM_WIDE_CLUSTER_THREADS, read through the lanes: 2.5-3 points
+# of copy at 64K bf16 LayerNorm and softmax and float32 softmax (84.0 / 86.7 / 89.9 against
+# 81.5 / 83.7 / 87.9), 0-2 elsewhere at 64K-256K, -0.6 at worst (bf16 RMSNorm 256K); 16 blocks
+# of 512 threads lost 2-11 points (each block writes to 16), of 256 threads gained 0.4-3.3;
+# TMA-loaded slices lost 0.7 (row_plans_cluster_row_dsmem, 2026-11-29, two runs).
+DSMEM_CLUSTER_MAX = 8
+DSMEM_WIDE_CLUSTER_THREADS = 256
 # smem_row beat cluster_row on rows of up to this many bytes: cluster_row starts beyond
 # (a family may differ: ClusterRow.smem_row_over_cluster_bytes).
 SMEM_ROW_OVER_CLUSTER_BYTES = 64 * 1024
@@ -136,7 +144,7 @@ class RowPlan:
     held rows): each exponential is one fused multiply-add from the max in log2 units (tiles.
     exp_below) instead of a subtract and a multiply; 16-bit rows in shared memory take it.
     `dsmem` (cluster_row): the blocks write their partial statistics into each other's shared
-    memory (tiles.exchange_partials) instead of the global workspace; a plan-sweep option."""
+    memory (tiles.exchange_partials) instead of the global workspace (DSMEM_CLUSTER_MAX)."""
 
     hold: str
     rows: int
@@ -405,7 +413,8 @@ class StreamRow:
 
 class ClusterRow:
     """Long rows on sm_90: a cluster of blocks per row, each keeping its slice in shared memory
-    (read once); partial statistics meet in a global workspace across a cluster barrier."""
+    (read once); partial statistics meet in the blocks' shared memory (DSMEM_CLUSTER_MAX) or a
+    global workspace, across a cluster barrier."""
 
     layout: ClassVar[str] = "cluster_row"
     supported_archs: ClassVar[frozenset[int]] = CLUSTER_ARCHS
@@ -430,7 +439,8 @@ class ClusterRow:
         """The family's plan for the call, None when no cluster holds the row: TMA-loaded
         BULK_SLICE_BYTES slices where the family takes them and TMA can bring them, else
         slices of up to CLUSTER_SLICE_BYTES (statistics while loading, if the family says so;
-        not for odd rows, see norm_program's `shifted`)."""
+        not for odd rows, see norm_program's `shifted`), their partials exchanged in shared
+        memory where that measured faster (DSMEM_CLUSTER_MAX)."""
         n, dtype, budget = call.n, call.dtype, call.smem_budget
         if cls.cluster_bulk and ITEMSIZE[dtype] == 4 and n * ITEMSIZE[dtype] <= BULK_ROW_BYTES:
             plan = cluster_row_plan(n, dtype, budget, BULK_THREADS, BULK_SLICE_BYTES)
@@ -439,7 +449,9 @@ class ClusterRow:
         plan = cluster_row_plan(n, dtype, budget, cls.cluster_threads(dtype))
         if plan is None:
             return None
-        return dataclasses.replace(plan, one_pass=cls.cluster_one_pass and plan.vec > 1)
+        one_pass = cls.cluster_one_pass and plan.vec > 1
+        dsmem = plan.cluster <= DSMEM_CLUSTER_MAX or plan.lanes <= DSMEM_WIDE_CLUSTER_THREADS
+        return dataclasses.replace(plan, one_pass=one_pass, dsmem=dsmem)
 
     @classmethod
     def region_refusal(cls, call: Any) -> str | None:

@@ -16,7 +16,6 @@ from tileops.ops import SoftmaxInterface
 
 from .operands import aligned
 from .rows import (
-    CLUSTER_THREADS,
     DTYPE_NAMES,
     ITEMSIZE,
     BlockRow,
@@ -77,8 +76,10 @@ class SoftmaxClusterRow(ClusterRow, _Softmax):
     def cluster_threads(cls, dtype: torch.dtype) -> int:
         # 16-bit rows with scaled exponents: 256 threads reached 82.5 and 80.4% of copy at
         # 128K and 256K bfloat16 against 80.1 and 76.8 for 512, and 84.2 against 84.9 at 64K
-        # (row_plans_softmax_scaled_exp, 2026-11-29).
-        return 256 if ITEMSIZE[dtype] == 2 else CLUSTER_THREADS
+        # (row_plans_softmax_scaled_exp); float32, partials in shared memory: 91.8 / 89.8 /
+        # 85.1 at 64K / 128K / 256K against 90.2 / 87.5 / 76.2 (row_plans_cluster_row_dsmem;
+        # both 2026-11-29).
+        return 256
 
 
 # -- TileLang programs -----------------------------------------------------------------------
