@@ -12,7 +12,8 @@ exponents (`RowPlan.scaled_exp`), and cluster_row's also with their partials exc
 shared memory (`RowPlan.dsmem`, "DSMEM"). Every candidate runs at the
 occupancy `with_occupancy` gives it; `--only REGEX` keeps the candidates whose label matches.
 The `triton` layout sweeps the Triton programs (`tileops_triton.rows`): the whole row in one
-block of 8, 16 or 32 warps, or looped over 2048- to 8192-element chunks with 8 or 16 warps.
+block of 8, 16 or 32 warps (bfloat16 norm rows also held as loaded, with capped registers), or
+looped over 2048- to 8192-element chunks with 8 or 16 warps.
 
     python benchmarks/row_plans_h200.py [--layouts cluster_row,block_row,smem_row,triton]
         [--ops ...] [--dtypes bfloat16,float32] [--sizes 65536,131072,262144] [--workers 14]
@@ -154,7 +155,8 @@ def plan_label(plan: Any, itemsize: int) -> str:
 
 def triton_plans(op: str, call: Any) -> list[Any]:
     """The whole row in one program (up to TRITON_FUSED_MAX), or looped over chunks; RMSNorm's
-    fused rows read through L1 or with `evict_first` (RowPlan.cached)."""
+    fused rows read through L1 or with `evict_first` (RowPlan.cached); bfloat16 norm rows also
+    held as loaded (RowPlan.held), uncapped and with the registers of 2 and 3 programs per SM."""
     from tileops_triton.compile import next_pow2
     from tileops_triton.rows import RowPlan
 
@@ -164,14 +166,26 @@ def triton_plans(op: str, call: Any) -> list[Any]:
         reads = (True, False) if op == "rms_norm" else (True,)
         found += [RowPlan(True, block, 1, warps, cached) for warps in TRITON_WARPS["fused"]
                   for cached in reads]  # fmt: skip
+        if op != "softmax" and call.dtype == torch.bfloat16:
+            held = [(warps, cap) for warps in TRITON_WARPS["fused"] for cap in register_caps(warps)]
+            found += [RowPlan(True, block, 1, w, held=True, maxnreg=cap) for w, cap in held]
     chunks = [c for c in TRITON_CHUNKS if c < call.n]
     found += [RowPlan(False, c, 1, warps) for c in chunks for warps in TRITON_WARPS["looped"]]
     return found
 
 
+def register_caps(warps: int) -> list[int | None]:
+    """No cap, and the registers per thread that fit 2 and 3 programs of `warps` on an SM
+    (multiples of 8; 24 is the least worth trying)."""
+    caps = [65536 // (programs * warps * 32) // 8 * 8 for programs in (2, 3)]
+    return [None, *(cap for cap in caps if cap >= 24)]
+
+
 def triton_label(plan: Any) -> str:
     read = "" if plan.cached else ", evict_first"
-    return f"triton {'fused' if plan.fused else 'looped'} {plan.block}, {plan.warps} warps{read}"
+    shape = "held" if plan.held else "fused" if plan.fused else "looped"
+    cap = f", {plan.maxnreg} registers" if plan.maxnreg else ""
+    return f"triton {shape} {plan.block}, {plan.warps} warps{read}{cap}"
 
 
 def triton_kernel(op: str, plan: Any) -> Callable[..., torch.Tensor]:

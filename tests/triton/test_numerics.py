@@ -92,6 +92,26 @@ def test_both_program_shapes_match_torch(plan, dtype) -> None:
 
 
 @interpreted
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset", [0.0, 300.0])
+def test_held_norm_rows_match_torch(dtype, offset) -> None:
+    """RowPlan.held: the row kept as loaded, widened per use (an integer shift for bfloat16),
+    LayerNorm's one-pass sums shifted by the row's first element (rows far from 0)."""
+    plan = RowPlan(True, 64, 1, 1, held=True, maxnreg=32)
+    rows, n = 5, 50
+    x = inputs((rows, n), dtype, "cpu", offset=offset)
+    w, b = inputs((n,), dtype, "cpu"), inputs((n,), torch.float32, "cpu")
+    out = torch.full_like(x, float("nan"))
+    layer_norm(plan, x, w, b, 1e-5, out)
+    ref = F.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
+    assert rel_error(out, ref) < TOLERANCE[dtype]
+    layer_norm(plan, x, None, None, 1e-5, out)
+    assert rel_error(out, F.layer_norm(x.double(), (n,), eps=1e-5)) < TOLERANCE[dtype]
+    rms_norm(plan, x, w, 1e-6, out)
+    assert rel_error(out, F.rms_norm(x.double(), (n,), w.double(), eps=1e-6)) < TOLERANCE[dtype]
+
+
+@interpreted
 @pytest.mark.parametrize("plan", [RowPlan(True, 8, 2, 1), RowPlan(False, 4, 1, 1)])
 def test_softmax_of_infinities_matches_torch(plan) -> None:
     x = torch.tensor([[0.0, -float("inf"), 1.0, 2.0, -float("inf")], [-float("inf")] * 5])

@@ -204,12 +204,34 @@ def test_row_plan_fuses_rows_up_to_32k_with_the_measured_warps() -> None:
     looped; at 16K RMSNorm takes 8 warps (read evict_first) and softmax 32, at 8K softmax 16."""
     from tileops_triton.rows import LOOP_CHUNK, RowPlan, row_plan
 
-    assert row_plan(32768, "softmax") == RowPlan(True, 32768, 1, 32)
-    assert row_plan(20000, "layer_norm") == RowPlan(True, 32768, 1, 32)
-    assert row_plan(32769, "rms_norm") == RowPlan(False, LOOP_CHUNK, 1, 16)
-    assert row_plan(16384, "rms_norm").warps == 8
-    assert not row_plan(16384, "rms_norm").cached  # evict_first, as swept
-    assert row_plan(8192, "rms_norm").cached and row_plan(16384, "layer_norm").cached
-    assert row_plan(16384, "layer_norm").warps == 16
-    assert row_plan(16384, "softmax").warps == 32
-    assert (row_plan(8192, "layer_norm").warps, row_plan(8192, "softmax").warps) == (4, 16)
+    f32, f16 = torch.float32, torch.float16
+    assert row_plan(32768, "softmax", torch.bfloat16) == RowPlan(True, 32768, 1, 32)
+    assert row_plan(20000, "layer_norm", f32) == RowPlan(True, 32768, 1, 32)
+    assert row_plan(32769, "rms_norm", torch.bfloat16) == RowPlan(False, LOOP_CHUNK, 1, 16)
+    assert row_plan(16384, "rms_norm", f16).warps == 8
+    assert not row_plan(16384, "rms_norm", f16).cached  # evict_first, as swept
+    assert row_plan(8192, "rms_norm", f32).cached and row_plan(16384, "layer_norm", f32).cached
+    assert row_plan(16384, "layer_norm", f32).warps == 16
+    assert row_plan(16384, "softmax", f32).warps == 32
+    assert (row_plan(8192, "layer_norm", f32).warps, row_plan(8192, "softmax", f32).warps) == (
+        4,
+        16,
+    )
+
+
+@pytest.mark.parametrize(
+    "family,n,warps,maxnreg",
+    [("layer_norm", 16384, 8, 80), ("layer_norm", 20000, 32, 32), ("rms_norm", 9000, 8, 80),
+     ("rms_norm", 32768, 8, 128)],
+)  # fmt: skip
+def test_bfloat16_norm_rows_of_16k_and_32k_are_held_with_capped_registers(
+    family, n, warps, maxnreg
+):
+    """Measured on the H200 (rows.py's table); softmax, other dtypes and other lengths are not."""
+    from tileops_triton.rows import row_plan
+
+    plan = row_plan(n, family, torch.bfloat16)
+    assert (plan.held, plan.rows, plan.warps, plan.maxnreg) == (True, 1, warps, maxnreg)
+    assert not row_plan(n, family, torch.float16).held
+    assert not row_plan(n, "softmax", torch.bfloat16).held
+    assert not row_plan(8192, family, torch.bfloat16).held

@@ -4,6 +4,9 @@ Two shapes of program per norm, both computing in float32:
 - fused: a tile of ROWS whole rows in registers, one read and one write of each element, the
   read cached in L1 (`.ca`: 2-4 points of copy over `evict_first` for softmax at 1K-32K, the
   H200, benchmarks/results/triton_softmax_variants_nvidia_h200.txt);
+- held: one row per program kept as loaded (16-bit values packed two to a register) between
+  its uses, each use converting to float32 anew; half the registers of a float32 row, so a
+  16K-32K bfloat16 row leaves room for a second or third program on the multiprocessor;
 - looped: one row per program in CHUNK-wide slices, for rows too long for registers: a
   statistics pass, then a normalizing pass that walks the row backwards, so it starts on the
   slices the first pass read last, which are still in L2.
@@ -26,6 +29,15 @@ def _affine(y, W, B, cols, mask, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
 
 
 @triton.jit
+def _widened(x):
+    """x as float32, through an integer shift for bfloat16: the compiler would merge a second
+    `x.to(tl.float32)` with the first and keep the float32 row alive between the uses."""
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    return x.to(tl.float32)
+
+
+@triton.jit
 def layer_norm_fused(
     X, W, B, Y, rows, n, eps,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
@@ -40,6 +52,24 @@ def layer_norm_fused(
     rstd = tl.rsqrt(tl.sum(d * d, axis=1) / n + eps)
     y = _affine(d * rstd[:, None], W, B, cols[None, :], cols[None, :] < n, HAS_W, HAS_B)
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def layer_norm_held(
+    X, W, B, Y, n, eps, BLOCK: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(X + row * n + cols, mask=mask, other=0.0)
+    # One pass of sums shifted by the row's first element: no cancellation far from 0.
+    shift = tl.load(X + row * n).to(tl.float32)
+    d = tl.where(mask, x.to(tl.float32) - shift, 0.0)
+    mean_d = tl.sum(d, axis=0) / n
+    var = tl.maximum(tl.sum(d * d, axis=0) / n - mean_d * mean_d, 0.0)
+    rstd = tl.rsqrt(var + eps)
+    y = _affine((_widened(x) - (shift + mean_d)) * rstd, W, B, cols, mask, HAS_W, HAS_B)
+    tl.store(Y + row * n + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -90,6 +120,18 @@ def rms_norm_fused(
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n + eps)
     y = _affine(x * rstd[:, None], W, W, cols[None, :], cols[None, :] < n, HAS_W, False)
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def rms_norm_held(X, W, Y, n, eps, BLOCK: tl.constexpr, HAS_W: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(X + row * n + cols, mask=mask, other=0.0)
+    square = x.to(tl.float32) * x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(square, axis=0) / n + eps)
+    y = _affine(_widened(x) * rstd, W, W, cols, mask, HAS_W, False)
+    tl.store(Y + row * n + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit

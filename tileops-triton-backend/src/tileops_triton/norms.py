@@ -53,11 +53,11 @@ class TritonLayerNorm(Kernel, LayerNormInterface):
 
     @classmethod
     def entry_for(cls, call: LayerNormCall) -> tuple[Hashable, Build]:
-        identity = (call.n, call.eps)
+        identity = (call.n, call.eps, call.dtype)
         return identity, lambda: cls(*identity)
 
-    def __init__(self, n: int, eps: float) -> None:
-        self.plan = row_plan(n, "layer_norm")
+    def __init__(self, n: int, eps: float, dtype: torch.dtype) -> None:
+        self.plan = row_plan(n, "layer_norm", dtype)
         self.eps = eps
 
     def forward(
@@ -93,11 +93,11 @@ class TritonRMSNorm(Kernel, RMSNormInterface):
 
     @classmethod
     def entry_for(cls, call: RMSNormCall) -> tuple[Hashable, Build]:
-        identity = (call.n, call.eps)
+        identity = (call.n, call.eps, call.dtype)
         return identity, lambda: cls(*identity)
 
-    def __init__(self, n: int, eps: float) -> None:
-        self.plan = row_plan(n, "rms_norm")
+    def __init__(self, n: int, eps: float, dtype: torch.dtype) -> None:
+        self.plan = row_plan(n, "rms_norm", dtype)
         self.eps = eps
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
@@ -123,7 +123,12 @@ def layer_norm(
     rows, n = x.shape
     flags = {"HAS_W": weight is not None, "HAS_B": bias is not None}
     w, b = _or(weight, x), _or(bias, x)  # absent vectors: any pointer, never read
-    if plan.fused:
+    if plan.held:
+        programs.layer_norm_held[(rows,)](
+            x, w, b, out, n, eps, BLOCK=plan.block, **flags, num_warps=plan.warps,
+            maxnreg=plan.maxnreg,
+        )  # fmt: skip
+    elif plan.fused:
         programs.layer_norm_fused[plan.grid(rows)](
             x, w, b, out, rows, n, eps, ROWS=plan.rows, BLOCK=plan.block, **flags,
             num_warps=plan.warps,
@@ -142,7 +147,12 @@ def rms_norm(
 
     rows, n = x.shape
     w, has_w = _or(weight, x), weight is not None
-    if plan.fused:
+    if plan.held:
+        programs.rms_norm_held[(rows,)](
+            x, w, out, n, eps, BLOCK=plan.block, HAS_W=has_w, num_warps=plan.warps,
+            maxnreg=plan.maxnreg,
+        )  # fmt: skip
+    elif plan.fused:
         programs.rms_norm_fused[plan.grid(rows)](
             x, w, out, rows, n, eps, ROWS=plan.rows, BLOCK=plan.block, HAS_W=has_w,
             CACHED=plan.cached, num_warps=plan.warps,

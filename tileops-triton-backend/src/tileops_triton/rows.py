@@ -25,11 +25,25 @@ moved two plans: at 32768 the fused row with 32 warps matched the looped one for
 (0.73 / 0.74) and beat it for RMSNorm (0.84 / 0.79) and softmax (0.72 / 0.69); at 16384
 RMSNorm ran 0.95 with 8 warps against 0.75 with 16 (LayerNorm 0.88 / 0.87, softmax 0.81 /
 0.90), so RMSNorm takes 8 there.
+
+bfloat16 norms at 16K and 32K keep the row as loaded between its uses (RowPlan.held), with
+registers capped so that two or three programs share a multiprocessor (benchmarks/results/
+triton_held_rows_nvidia_h200.md, 2026-11-29; Liger in the same run):
+
+| row   | LayerNorm held / fused / Liger   | RMSNorm held / fused / Liger     |
+|-------|----------------------------------|----------------------------------|
+| 16384 | 0.91 (8 w, 80 regs) / 0.88 / 0.62 | 0.96 (8 w, 80 regs) / 0.94 / 0.96 |
+| 32768 | 0.84 (32 w, 32 regs) / 0.76 / 0.23 | 0.93 (8 w, 128 regs) / 0.88 / 0.83 |
+
+Softmax gained nothing held (0.92 / 0.92 at 16K, 0.74 / 0.76 at 32K): its max and its sum are
+two reductions with the row converted for each.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import torch
 
 from .compile import cdiv, next_pow2
 
@@ -43,30 +57,40 @@ FAMILY_FUSED_WARPS = {"rms_norm": {16384: 8}, "softmax": {8192: 16, 16384: 32}}
 # `.ca` it ran 78% in the next norms run (e58885f) and compiles to 127 registers against 110,
 # while `.ca` lifted its 4K, 8K and 32K rows by 4-6 points.
 FAMILY_UNCACHED = {"rms_norm": {16384}}
+# bfloat16 rows held as loaded: row block -> (warps, register cap), by family (table above).
+HELD = {"layer_norm": {16384: (8, 80), 32768: (32, 32)},
+        "rms_norm": {16384: (8, 80), 32768: (8, 128)}}  # fmt: skip
 LOOP_CHUNK = 4096
 LOOP_WARPS = 16
 
 
 @dataclass(frozen=True)
 class RowPlan:
-    """One launch shape: fused tiles of `rows` x `block`, or looped `block`-wide slices."""
+    """One launch shape: fused tiles of `rows` x `block`, or looped `block`-wide slices; `held`:
+    one row per program, kept as loaded between its uses (norms), registers capped at
+    `maxnreg` per thread."""
 
     fused: bool
     block: int
     rows: int
     warps: int
     cached: bool = True  # the fused read through L1 (`.ca`), else `evict_first` (RMSNorm only)
+    held: bool = False
+    maxnreg: int | None = None
 
     def grid(self, rows: int) -> tuple[int]:
         return (cdiv(rows, self.rows),)
 
 
-def row_plan(n: int, family: str) -> RowPlan:
+def row_plan(n: int, family: str, dtype: torch.dtype) -> RowPlan:
     """The launch shape for rows of length n (any n >= 1) of `family` ("layer_norm",
-    "rms_norm" or "softmax")."""
+    "rms_norm" or "softmax") in `dtype`."""
     block = next_pow2(n)
     if block > FUSED_MAX:
         return RowPlan(fused=False, block=LOOP_CHUNK, rows=1, warps=LOOP_WARPS)
+    held = HELD.get(family, {}).get(block) if dtype == torch.bfloat16 else None
+    if held:
+        return RowPlan(fused=True, block=block, rows=1, warps=held[0], held=True, maxnreg=held[1])
     rows = max(SHORT_TILE // block, 1)
     warps = FAMILY_FUSED_WARPS.get(family, {}).get(block, FUSED_WARPS.get(block, 4))
     cached = block not in FAMILY_UNCACHED.get(family, ())

@@ -38,10 +38,10 @@ class TritonSoftmax(Kernel, SoftmaxInterface):
 
     @classmethod
     def entry_for(cls, call: SoftmaxCall) -> tuple[Hashable, Build]:
-        return (call.n,), lambda: cls(call.n)
+        return (call.n, call.dtype), lambda: cls(call.n, call.dtype)
 
-    def __init__(self, n: int) -> None:
-        self.plan = row_plan(n, "softmax")
+    def __init__(self, n: int, dtype: torch.dtype) -> None:
+        self.plan = row_plan(n, "softmax", dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(x)
