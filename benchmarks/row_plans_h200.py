@@ -12,7 +12,7 @@ exponents (`RowPlan.scaled_exp`), and cluster_row's also with their partials exc
 shared memory (`RowPlan.dsmem`, "DSMEM"). Every candidate runs at the
 occupancy `with_occupancy` gives it; `--only REGEX` keeps the candidates whose label matches.
 The `triton` layout sweeps the Triton programs (`tileops_triton.rows`): the whole row in one
-block of 8, 16 or 32 warps (bfloat16 norm rows also held as loaded, with capped registers), or
+block of 4 to 32 warps (bfloat16 norm rows also held as loaded, with capped registers), or
 looped over 2048- to 8192-element chunks with 8 or 16 warps.
 
     python benchmarks/row_plans_h200.py [--layouts cluster_row,block_row,smem_row,triton]
@@ -45,7 +45,7 @@ CLUSTER_SIZES = (2, 4, 8, 16)
 SLICE_BYTES_RANGE = (16 * 1024, 128 * 1024)
 BLOCK_THREADS = (128, 256, 512, 1024)
 REGISTER_VALUES_MAX = 64  # block_row candidates keep at most this many values per thread
-TRITON_WARPS = {"fused": (8, 16, 32), "looped": (8, 16)}
+TRITON_WARPS = {"fused": (4, 8, 16, 32), "looped": (8, 16)}
 TRITON_CHUNKS = (2048, 4096, 8192)
 TRITON_FUSED_MAX = 65536
 
