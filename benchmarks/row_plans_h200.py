@@ -176,9 +176,9 @@ def triton_plans(op: str, call: Any) -> list[Any]:
 
 def register_caps(warps: int) -> list[int | None]:
     """No cap, and the registers per thread that fit 2 and 3 programs of `warps` on an SM
-    (multiples of 8; 24 is the least worth trying)."""
+    (multiples of 8; 24 is the least worth trying, 255 the most a thread can have)."""
     caps = [65536 // (programs * warps * 32) // 8 * 8 for programs in (2, 3)]
-    return [None, *(cap for cap in caps if cap >= 24)]
+    return [None, *(cap for cap in caps if 24 <= cap < 255)]
 
 
 def triton_label(plan: Any) -> str:
