@@ -26,13 +26,15 @@ moved two plans: at 32768 the fused row with 32 warps matched the looped one for
 RMSNorm ran 0.95 with 8 warps against 0.75 with 16 (LayerNorm 0.88 / 0.87, softmax 0.81 /
 0.90), so RMSNorm takes 8 there.
 
-bfloat16 norms at 16K and 32K keep the row as loaded between its uses (RowPlan.held), with
-registers capped so that two or three programs share a multiprocessor (benchmarks/results/
-row_plans_triton_held_nvidia_h200.md, 2026-11-29; an earlier run within 1.5 points, where
-Liger reached LayerNorm 0.62 / 0.23 and RMSNorm 0.96 / 0.83 at 16K / 32K):
+bfloat16 norms at 16K and 32K (RMSNorm from 4K) keep the row as loaded between its uses
+(RowPlan.held), with registers capped so that two or three programs share a multiprocessor
+(benchmarks/results/row_plans_triton_held_nvidia_h200.md, 2026-11-29; an earlier run within 1.5
+points, where Liger reached LayerNorm 0.62 / 0.23 and RMSNorm 0.96 / 0.83 at 16K / 32K):
 
 | row   | LayerNorm held / fused          | RMSNorm held / fused            |
 |-------|---------------------------------|---------------------------------|
+| 4096  | -                               | 0.98 (8 w, 80 regs) / 0.96      |
+| 8192  | -                               | 0.97 (8 w, 80 regs) / 0.96      |
 | 16384 | 0.93 (8 w, 80 regs) / 0.88      | 0.96 (8 w, 80 regs) / 0.92      |
 | 32768 | 0.84 (32 w, 32 regs) / 0.75     | 0.96 (32 w, 32 regs) / 0.88     |
 
@@ -60,7 +62,7 @@ FAMILY_FUSED_WARPS = {"rms_norm": {16384: 8}, "softmax": {8192: 16, 16384: 32}}
 FAMILY_UNCACHED = {"rms_norm": {16384}}
 # bfloat16 rows held as loaded: row block -> (warps, register cap), by family (table above).
 HELD = {"layer_norm": {16384: (8, 80), 32768: (32, 32)},
-        "rms_norm": {16384: (8, 80), 32768: (32, 32)}}  # fmt: skip
+        "rms_norm": {4096: (8, 80), 8192: (8, 80), 16384: (8, 80), 32768: (32, 32)}}  # fmt: skip
 LOOP_CHUNK = 4096
 LOOP_WARPS = 16
 
