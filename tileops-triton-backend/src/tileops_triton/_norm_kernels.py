@@ -6,7 +6,7 @@ Two shapes of program per norm, both computing in float32:
   H200, benchmarks/results/triton_softmax_variants_nvidia_h200.txt);
 - held: one row per program kept as loaded (16-bit values packed two to a register) between
   its uses, each use converting to float32 anew; half the registers of a float32 row, so a
-  16K-32K bfloat16 row leaves room for a second or third program on the multiprocessor;
+  4K-32K bfloat16 row leaves room for more programs on the multiprocessor (rows.HELD);
 - looped: one row per program in CHUNK-wide slices, for rows too long for registers: a
   statistics pass, then a normalizing pass that walks the row backwards, so it starts on the
   slices the first pass read last, which are still in L2.
