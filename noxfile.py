@@ -57,12 +57,15 @@ def _requirements(extra: tuple[str, ...]) -> str:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole test suite on CPU: core, integration and TileLang compile checks; then the
-    Triton kernels under the interpreter; then the example backend's own tests."""
+    Triton kernels under the interpreter and compiled for sm_90; then the example backend's
+    own tests."""
     _install_project(session, *TEST_TOOLS)
     pytest = ("pytest", "-q", "-p", "no:cacheprovider")
     session.run(*pytest, "tests", "--ignore=tests/triton", *session.posargs)
     # Under TRITON_INTERPRET=1 the Triton backend also serves CPU tensors: its own process.
     session.run(*pytest, "tests/triton", *session.posargs, env={"TRITON_INTERPRET": "1"})
+    # The Triton programs compiled offline for sm_90 (the interpreter compiles nothing).
+    session.run(*pytest, "tests/triton/test_compile.py", *session.posargs)
     # A separate process: importing the example backend registers its kernels for good.
     session.run(*pytest, "examples/acme-backend/tests")
     # Every op's calls on simulated GPUs: a gap or an ambiguity between kernels fails CI.

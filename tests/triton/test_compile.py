@@ -1,0 +1,64 @@
+"""The Triton row programs compiled offline for sm_90 (no GPU needed; not under the interpreter,
+which compiles nothing): a held row keeps its bfloat16 values packed between its uses, so its
+program needs far fewer registers than the fused one that keeps float32 values. Were the second
+widening merged with the first (`x.to(tl.float32)` twice), the held programs would need about
+as many as the fused ones, and the plans' register caps (rows.HELD) would spill.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from tileops_triton.declare import INTERPRETING
+
+pytestmark = pytest.mark.skipif(INTERPRETING, reason="compiles programs; the interpreter runs them")
+
+BLOCK = 32768
+TYPES = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16", "rows": "i32", "n": "i32",
+         "eps": "fp32"}  # fmt: skip
+FLAGS = {"BLOCK": BLOCK, "HAS_W": True, "HAS_B": True, "ROWS": 1, "CACHED": True}
+
+
+def ptxas_usage(name: str, warps: int) -> tuple[int, int]:
+    """(registers, spill-store bytes) of `_norm_kernels.<name>` on bfloat16 rows of BLOCK for
+    sm_90, as ptxas reports them, with the pointers and n 16-aligned as the launcher's
+    specialisation makes them."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import get_ptxas
+    from triton.compiler import ASTSource
+
+    from tileops_triton import _norm_kernels
+
+    program = getattr(_norm_kernels, name)
+    signature = {arg: TYPES.get(arg, "constexpr") for arg in program.arg_names}
+    constants = {arg: FLAGS[arg] for arg, kind in signature.items() if kind == "constexpr"}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(signature)
+               if signature[arg].startswith("*") or arg == "n"}  # fmt: skip
+    source = ASTSource(program, signature, constants, attrs=aligned)
+    compiled = triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}
+    )
+    report = subprocess.run(
+        [get_ptxas(90).path, "-arch=sm_90a", "-v", "-", "-o", "/dev/null"],
+        input=compiled.asm["ptx"], capture_output=True, text=True, check=True,
+    ).stderr  # fmt: skip
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))
+    spills = re.search(r"(\d+) bytes spill stores", report)
+    return registers, int(spills.group(1)) if spills else 0
+
+
+@pytest.mark.parametrize("warps", [8, 32])
+def test_held_rms_norm_rows_take_about_half_the_registers_of_fused_ones(warps):
+    held, _ = ptxas_usage("rms_norm_held", warps)
+    fused, _ = ptxas_usage("rms_norm_fused", warps)
+    assert held <= 0.6 * fused, (held, fused)
+
+
+def test_held_layer_norm_rows_fit_fewer_registers_without_spilling():
+    held, spills = ptxas_usage("layer_norm_held", 8)
+    fused, _ = ptxas_usage("layer_norm_fused", 8)
+    assert held < fused and spills == 0, (held, spills, fused)
