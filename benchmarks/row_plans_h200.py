@@ -12,7 +12,7 @@ exponents (`RowPlan.scaled_exp`), and cluster_row's also with their partials exc
 shared memory (`RowPlan.dsmem`, "DSMEM"). Every candidate runs at the
 occupancy `with_occupancy` gives it; `--only REGEX` keeps the candidates whose label matches.
 The `triton` layout sweeps the Triton programs (`tileops_triton.rows`): the whole row in one
-block of 4 to 32 warps (bfloat16 norm rows also held as loaded, with capped registers), or
+block of 4 to 32 warps (bfloat16 rows also held as loaded, with capped registers), or
 looped over 2048- to 8192-element chunks with 8 or 16 warps.
 
     python benchmarks/row_plans_h200.py [--layouts cluster_row,block_row,smem_row,triton]
@@ -155,8 +155,8 @@ def plan_label(plan: Any, itemsize: int) -> str:
 
 def triton_plans(op: str, call: Any) -> list[Any]:
     """The whole row in one program (up to TRITON_FUSED_MAX), or looped over chunks; RMSNorm's
-    fused rows read through L1 or with `evict_first` (RowPlan.cached); bfloat16 norm rows also
-    held as loaded (RowPlan.held), uncapped and with the registers of 2 and 3 programs per SM."""
+    fused rows read through L1 or with `evict_first` (RowPlan.cached); bfloat16 rows also held
+    as loaded (RowPlan.held), uncapped and with the registers of 2 and 3 programs per SM."""
     from tileops_triton.compile import next_pow2
     from tileops_triton.rows import RowPlan
 
@@ -166,7 +166,7 @@ def triton_plans(op: str, call: Any) -> list[Any]:
         reads = (True, False) if op == "rms_norm" else (True,)
         found += [RowPlan(True, block, 1, warps, cached) for warps in TRITON_WARPS["fused"]
                   for cached in reads]  # fmt: skip
-        if op != "softmax" and call.dtype == torch.bfloat16:
+        if call.dtype == torch.bfloat16:
             held = [(warps, cap) for warps in TRITON_WARPS["fused"] for cap in register_caps(warps)]
             found += [RowPlan(True, block, 1, w, held=True, maxnreg=cap) for w, cap in held]
     chunks = [c for c in TRITON_CHUNKS if c < call.n]

@@ -94,9 +94,13 @@ def test_both_program_shapes_match_torch(plan, dtype) -> None:
 @interpreted
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("offset", [0.0, 300.0])
-def test_held_norm_rows_match_torch(dtype, offset) -> None:
+def test_held_norm_rows_match_torch(monkeypatch, dtype, offset) -> None:
     """RowPlan.held: the row kept as loaded, widened per use (an integer shift for bfloat16),
     LayerNorm's one-pass sums shifted by the row's first element (rows far from 0)."""
+    from tileops_triton import _norm_kernels
+
+    for fused in ("layer_norm_fused", "rms_norm_fused"):  # a held plan runs the held programs
+        monkeypatch.setattr(_norm_kernels, fused, None)
     plan = RowPlan(True, 64, 1, 1, held=True, maxnreg=32)
     rows, n = 5, 50
     x = inputs((rows, n), dtype, "cpu", offset=offset)
@@ -112,7 +116,26 @@ def test_held_norm_rows_match_torch(dtype, offset) -> None:
 
 
 @interpreted
-@pytest.mark.parametrize("plan", [RowPlan(True, 8, 2, 1), RowPlan(False, 4, 1, 1)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 50, 64])
+def test_held_softmax_rows_match_torch(monkeypatch, dtype, n) -> None:
+    """The held softmax: each lane's vector reduced in place, the (max, sum) pairs merged in
+    one reduction; rows far from 0 and rows with -inf (masked logits) among their values."""
+    from tileops_triton import _softmax_kernels
+
+    monkeypatch.setattr(_softmax_kernels, "softmax_fused", None)  # the held program runs
+    plan = RowPlan(True, 64, 1, 1, held=True)
+    x = inputs((4, n), dtype, "cpu", offset=100.0)
+    x[1, 1::3] = -float("inf")
+    out = torch.full_like(x, float("nan"))
+    softmax(plan, x, out)
+    assert rel_error(out, torch.softmax(x.double(), -1)) < TOLERANCE[dtype]
+
+
+@interpreted
+@pytest.mark.parametrize(
+    "plan", [RowPlan(True, 8, 2, 1), RowPlan(False, 4, 1, 1), RowPlan(True, 8, 1, 1, held=True)]
+)
 def test_softmax_of_infinities_matches_torch(plan) -> None:
     x = torch.tensor([[0.0, -float("inf"), 1.0, 2.0, -float("inf")], [-float("inf")] * 5])
     out = torch.empty_like(x)
@@ -163,6 +186,18 @@ def test_gemm_candidates_fit_the_shared_memory_budget() -> None:
 @pytest.mark.parametrize(("rows", "n"), [(3, 7), (4, 1000), (2, 9000), (8, 20000), (64, 40000)])
 def test_row_ops_match_torch_on_the_gpu(rows, n, dtype) -> None:
     check_rows("cuda", rows, n, dtype)
+
+
+@pytest.mark.gpu
+@compiled
+@pytest.mark.parametrize("warps,maxnreg", [(32, None), (16, 64)])
+def test_held_softmax_matches_torch_on_the_gpu(warps, maxnreg) -> None:
+    """The held softmax (a plan-sweep candidate) compiled, on masked 32K-wide rows."""
+    x = inputs((8, 20000), torch.bfloat16, "cuda", offset=5.0)
+    x[1, 1::3] = -float("inf")
+    out = torch.empty_like(x)
+    softmax(RowPlan(True, 32768, 1, warps, held=True, maxnreg=maxnreg), x, out)
+    assert rel_error(out, torch.softmax(x.double(), -1)) < TOLERANCE[torch.bfloat16]
 
 
 @pytest.mark.gpu

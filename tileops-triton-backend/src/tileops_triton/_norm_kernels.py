@@ -29,7 +29,7 @@ def _affine(y, W, B, cols, mask, HAS_W: tl.constexpr, HAS_B: tl.constexpr):
 
 
 @triton.jit
-def _widened(x):
+def widened(x):
     """x as float32, through an integer shift for bfloat16: the compiler would merge a second
     `x.to(tl.float32)` with the first and keep the float32 row alive between the uses."""
     if x.dtype == tl.bfloat16:
@@ -68,7 +68,7 @@ def layer_norm_held(
     mean_d = tl.sum(d, axis=0) / n
     var = tl.maximum(tl.sum(d * d, axis=0) / n - mean_d * mean_d, 0.0)
     rstd = tl.rsqrt(var + eps)
-    y = _affine((_widened(x) - (shift + mean_d)) * rstd, W, B, cols, mask, HAS_W, HAS_B)
+    y = _affine((widened(x) - (shift + mean_d)) * rstd, W, B, cols, mask, HAS_W, HAS_B)
     tl.store(Y + row * n + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
@@ -130,7 +130,7 @@ def rms_norm_held(X, W, Y, n, eps, BLOCK: tl.constexpr, HAS_W: tl.constexpr):
     x = tl.load(X + row * n + cols, mask=mask, other=0.0)
     square = x.to(tl.float32) * x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(square, axis=0) / n + eps)
-    y = _affine(_widened(x) * rstd, W, W, cols, mask, HAS_W, False)
+    y = _affine(widened(x) * rstd, W, W, cols, mask, HAS_W, False)
     tl.store(Y + row * n + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 

@@ -1,6 +1,10 @@
 """Triton programs of softmax (imported on first build: it imports triton).
 
 fused: a tile of ROWS whole rows in registers, read with `.ca` as the norms' (_norm_kernels).
+held: one row per program kept as loaded (as the norms' held rows) and one reduction instead of
+two: each lane's VEC-wide vector gives its own (max, sum of exponentials) without leaving the
+lane, and the row's pairs merge in one tree (the online rescaling), so the block synchronises
+twice instead of five times.
 looped: one row per program in CHUNK-wide slices: an online pass keeps a running max and a
 rescaled sum per lane, then a writing pass walks the row backwards (the slices read last are
 still in L2). Masked lanes hold -inf and contribute 0.
@@ -10,6 +14,8 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+from ._norm_kernels import widened
 
 
 @triton.jit
@@ -25,6 +31,30 @@ def softmax_fused(X, Y, rows, n, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     e = tl.exp(x - row_max[:, None])
     y = e * (1.0 / tl.sum(e, axis=1))[:, None]
     tl.store(Y + offs, y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _merged(m1, s1, m2, s2):
+    """Two (max, sum of exp(x - max)) pairs as one; both maxima -inf: the sum stays 0."""
+    m = tl.maximum(m1, m2)
+    base = tl.where(m == -float("inf"), 0.0, m)
+    return m, s1 * tl.exp(m1 - base) + s2 * tl.exp(m2 - base)
+
+
+@triton.jit
+def softmax_held(X, Y, n, BLOCK: tl.constexpr, VEC: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n
+    x = tl.load(X + row * n + cols, mask=mask, other=-float("inf"))
+    vectors = tl.reshape(x.to(tl.float32), [BLOCK // VEC, VEC])  # a lane's vector per row
+    local_max = tl.max(vectors, axis=1)
+    base = tl.where(local_max == -float("inf"), 0.0, local_max)
+    local_sum = tl.sum(tl.exp(vectors - base[:, None]), axis=1)
+    row_max, row_sum = tl.reduce((local_max, local_sum), 0, _merged)
+    row_max = tl.where(row_max == -float("inf"), 0.0, row_max)  # all -inf: NaN as in torch
+    y = tl.exp(widened(x) - row_max) / row_sum
+    tl.store(Y + row * n + cols, y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit

@@ -38,8 +38,9 @@ points, where Liger reached LayerNorm 0.62 / 0.23 and RMSNorm 0.96 / 0.83 at 16K
 | 16384 | 0.93 (8 w, 80 regs) / 0.88      | 0.96 (8 w, 80 regs) / 0.92      |
 | 32768 | 0.84 (32 w, 32 regs) / 0.75     | 0.96 (32 w, 32 regs) / 0.88     |
 
-Softmax gained nothing held (0.92 / 0.92 at 16K, 0.74 / 0.76 at 32K, the earlier run): its max
-and its sum are two reductions, each over the row widened anew.
+A held softmax with its max and its sum as two reductions gained nothing (0.92 / 0.92 at 16K,
+0.74 / 0.76 at 32K, the earlier run); its held program now merges (max, sum) pairs in one
+reduction (_softmax_kernels), a plan-sweep candidate not yet measured, so softmax is not held.
 """
 
 from __future__ import annotations
@@ -70,8 +71,8 @@ LOOP_WARPS = 16
 @dataclass(frozen=True)
 class RowPlan:
     """One launch shape: fused tiles of `rows` x `block`, or looped `block`-wide slices; `held`:
-    one row per program, kept as loaded between its uses (norms), registers capped at
-    `maxnreg` per thread."""
+    one row per program, kept as loaded between its uses, registers capped at `maxnreg` per
+    thread."""
 
     fused: bool
     block: int

@@ -57,7 +57,12 @@ def softmax(plan: RowPlan, x: torch.Tensor, out: torch.Tensor) -> None:
     from . import _softmax_kernels as programs
 
     rows, n = x.shape
-    if plan.fused:
+    if plan.held:
+        vec = min(16 // x.element_size(), plan.block)  # a lane's 16-byte vector
+        programs.softmax_held[(rows,)](
+            x, out, n, BLOCK=plan.block, VEC=vec, num_warps=plan.warps, maxnreg=plan.maxnreg
+        )
+    elif plan.fused:
         programs.softmax_fused[plan.grid(rows)](
             x, out, rows, n, ROWS=plan.rows, BLOCK=plan.block, num_warps=plan.warps
         )
