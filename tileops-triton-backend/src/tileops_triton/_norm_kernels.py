@@ -38,6 +38,11 @@ def widened(x):
 
 
 @triton.jit
+def _add_pairs(a1, b1, a2, b2):
+    return a1 + a2, b1 + b2
+
+
+@triton.jit
 def layer_norm_fused(
     X, W, B, Y, rows, n, eps,
     ROWS: tl.constexpr, BLOCK: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr,
@@ -62,11 +67,14 @@ def layer_norm_held(
     cols = tl.arange(0, BLOCK)
     mask = cols < n
     x = tl.load(X + row * n + cols, mask=mask, other=0.0)
-    # One pass of sums shifted by the row's first element: no cancellation far from 0.
+    # One pass of sums shifted by the row's first element (no cancellation far from 0), both
+    # sums in one reduction: two block barriers instead of five, and in Triton 3.9 20 bytes of
+    # spills instead of 352 under the 32-register cap (tests/triton/test_compile.py).
     shift = tl.load(X + row * n).to(tl.float32)
     d = tl.where(mask, x.to(tl.float32) - shift, 0.0)
-    mean_d = tl.sum(d, axis=0) / n
-    var = tl.maximum(tl.sum(d * d, axis=0) / n - mean_d * mean_d, 0.0)
+    sum_d, sum_d2 = tl.reduce((d, d * d), 0, _add_pairs)
+    mean_d = sum_d / n
+    var = tl.maximum(sum_d2 / n - mean_d * mean_d, 0.0)
     rstd = tl.rsqrt(var + eps)
     y = _affine((widened(x) - (shift + mean_d)) * rstd, W, B, cols, mask, HAS_W, HAS_B)
     tl.store(Y + row * n + cols, y.to(Y.dtype.element_ty), mask=mask)
