@@ -207,6 +207,7 @@ def graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
 def measure_gemm(shape: tuple[int, int, int], dtype: str, args: argparse.Namespace) -> Row:
     import tileops_cuda
     from tileops.ops import GemmCall, GemmOp
+    from tileops_cuda.gemm import SKINNY_M
 
     m, n, k = shape
     a = torch.randn(m, k, device="cuda", dtype=DTYPES[dtype])
@@ -226,12 +227,9 @@ def measure_gemm(shape: tuple[int, int, int], dtype: str, args: argparse.Namespa
     for name, ms in row.ms.items():
         row.score[name] = 2.0 * m * n * k / ms / 1e9
         row.score[f"{name} rel. error"] = errors[name]
-    if m <= DECODE_ROWS:
+    if m <= SKINNY_M:  # decode: kernels of ~10 us, shorter than their launch path
         weight_read_from_kernel_times(row, contenders, k * n * a.element_size())
     return row
-
-
-DECODE_ROWS = 64  # skinny (decode) calls: kernels of ~10 us, shorter than their launch path
 
 
 def weight_read_from_kernel_times(row: Row, contenders: dict, weight_bytes: int) -> None:

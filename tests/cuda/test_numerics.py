@@ -132,15 +132,21 @@ def test_mixed_precision_ops_match_torch(op_cls, n):
     assert _rel_err(got, want) < TOLERANCE[torch.bfloat16]
 
 
-def _one_pass_layer_norm(key: str, n: int, dtype: torch.dtype):
-    """LayerNorm's kernel of `key` for rows of n with RowPlan.one_pass set (stream_row and
-    cluster_row gather their statistics while loading anyway; smem_row only in the sweep)."""
+def _kernel_with(op_cls: type, key: str, n: int, dtype: torch.dtype, **fields):
+    """The kernel of `key` for rows of n with the served plan's `fields` replaced (options the
+    plan sweep tries where they are not served)."""
     import dataclasses
 
-    cls = tileops_cuda.KERNELS[LayerNormFwdOp][key]
-    call = make_call("LayerNormFwdOp", n, dtype)
-    plan = dataclasses.replace(cls.plan(call), one_pass=True)
-    return cls.build(plan, call, f"test/{key}/{n}/{plan}")
+    cls = tileops_cuda.KERNELS[op_cls][key]
+    call = make_call(op_cls.__name__, n, dtype)
+    plan = dataclasses.replace(cls.plan(call), **fields)
+    return cls.build(plan, call, f"test/{op_cls.__name__}/{key}/{n}/{plan}")
+
+
+def _one_pass_layer_norm(key: str, n: int, dtype: torch.dtype):
+    """LayerNorm's kernel of `key` with RowPlan.one_pass set (stream_row and cluster_row gather
+    their statistics while loading anyway; smem_row only in the sweep)."""
+    return _kernel_with(LayerNormFwdOp, key, n, dtype, one_pass=True)
 
 
 ONE_PASS_LAYOUTS = [
@@ -213,12 +219,7 @@ def test_softmax_scaled_exponents(key, n, dtype):
     """RowPlan.scaled_exp on every layout that holds the row: logits near 1000 keep float32
     precision, since the sums and the output subtract one rounded max; -inf entries, slices and
     rows behave as torch's."""
-    import dataclasses
-
-    cls = tileops_cuda.KERNELS[SoftmaxFwdOp][key]
-    call = make_call("SoftmaxFwdOp", n, dtype)
-    plan = dataclasses.replace(cls.plan(call), scaled_exp=True)
-    kernel = cls.build(plan, call, f"test/{key}/{n}/{plan}")
+    kernel = _kernel_with(SoftmaxFwdOp, key, n, dtype, scaled_exp=True)
     x = (torch.randn(4, n, device="cuda") * 5 + 1000).to(dtype)
     limit = 3e-6 if dtype == torch.float32 else TOLERANCE[dtype]
     assert _rel_err(kernel(x), torch.softmax(x.double(), -1)) < limit
@@ -235,12 +236,8 @@ def test_cluster_row_partials_in_shared_memory(op_cls, n, dtype):
     """RowPlan.dsmem (served up to DSMEM_CLUSTER_MAX blocks, forced here on 16 too): partials
     written into every block's shared memory give the reference's rows, whole and odd-length,
     run after run (a block's buffers must not be reused while other blocks' writes may land)."""
-    import dataclasses
-
-    op, cls = op_cls.__name__, tileops_cuda.KERNELS[op_cls]["tilelang_cluster_row"]
-    call = make_call(op, n, dtype)
-    plan = dataclasses.replace(cls.plan(call), dsmem=True)
-    kernel = cls.build(plan, call, f"test/dsmem/{op}/{n}/{plan}")
+    op = op_cls.__name__
+    kernel = _kernel_with(op_cls, "tilelang_cluster_row", n, dtype, dsmem=True)
     args, reference = _inputs(op, n, dtype)
     want = reference(*args)
     for _ in range(20):

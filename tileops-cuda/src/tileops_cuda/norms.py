@@ -93,7 +93,7 @@ class _RMSNorm(RowKernel, RMSNormInterface):
         return lambda: norm_program("rms", plan, call, call.has_weight, False)
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-        x, params = aligned(x), [aligned(t) for t in (weight,) if t is not None]
+        x, params = aligned(x), [] if weight is None else [aligned(weight)]
         y = torch.empty_like(x)
         self.compiled(x, *params, *self.workspace(x), y)
         return y
