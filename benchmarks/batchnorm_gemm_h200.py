@@ -238,30 +238,30 @@ def weight_read_from_kernel_times(row: Row, contenders: dict, weight_bytes: int)
     them takes the H200 machine's host 20-75 us, so eager timings there time the host (a
     profile showed the dispatched op and its key alone running the same kernels for the same
     GPU time where do_bench gave 20 and 30 TFLOP/s), and a CUDA graph's replay adds its own
-    launch; the profiler's kernel durations, L2 cleared before each call, do not."""
+    launch; the profiler's kernel durations, L2 cleared before each call, do not.
+
+    Each figure comes twice: the L2 cleared by writing a 256 MB buffer (do_bench's way), which
+    leaves the L2 full of dirty lines that a read-only kernel writes back as it evicts them,
+    and (`clean L2`) by reading one, as after a decode step's small activation writes."""
     src = torch.empty(weight_bytes // 2, dtype=torch.int16, device="cuda")
     dst = torch.empty_like(src)
-    copy_us = kernel_us(lambda: dst.copy_(src))
-    for name, fn in contenders.items():
-        row.score[f"{name} weight %"] = 100 * copy_us / (2 * kernel_us(fn))
+    for clear, suffix in (("write", ""), ("read", " (clean L2)")):
+        copy_us = kernel_us(lambda: dst.copy_(src), clear=clear)
+        for name, fn in contenders.items():
+            row.score[f"{name} weight %{suffix}"] = 100 * copy_us / (2 * kernel_us(fn, clear=clear))
 
 
-def kernel_us(fn: Callable[[], Any], calls: int = 30) -> float:
+def kernel_us(fn: Callable[[], Any], calls: int = 30, clear: str = "write") -> float:
     """Median microseconds of GPU kernel time per call of `fn` (every kernel it launches), the
-    L2 cleared before each call; from torch.profiler's device-side durations."""
-    from torch.profiler import ProfilerActivity, profile
+    L2 cleared before each call by writing (`clear` "write") or reading ("read") a 256 MB
+    buffer; from torch.profiler's device-side durations."""
 
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
+    clear_l2 = flush.zero_ if clear == "write" else lambda: flush.max()
+    clearing = {e.name for e in _device_kernels(clear_l2, 1)}
     fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as trace:
-        for _ in range(calls):
-            flush.zero_()
-            torch.cuda.synchronize()  # each call's kernels after its own clearing fill
-            fn()
-        torch.cuda.synchronize()
-    kernels = [e for e in trace.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    kernels = [e for e in kernels if "FillFunctor" not in e.name]
+    kernels = [e for e in _device_kernels(fn, calls, clear_l2) if e.name not in clearing]
     per_call = [0.0] * calls
     if len(kernels) % calls:
         raise RuntimeError(f"{len(kernels)} kernels over {calls} calls: cannot split them")
@@ -269,6 +269,20 @@ def kernel_us(fn: Callable[[], Any], calls: int = 30) -> float:
     for i, event in enumerate(sorted(kernels, key=lambda e: e.time_range.start)):
         per_call[i // each] += event.time_range.elapsed_us()
     return statistics.median(per_call)
+
+
+def _device_kernels(fn: Callable[[], Any], calls: int, before: Callable[[], Any] | None = None):
+    """The device kernels of `calls` calls of `fn`, each after `before` and a synchronize."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        for _ in range(calls):
+            if before is not None:
+                before()
+                torch.cuda.synchronize()  # each call's kernels after its own clearing
+            fn()
+        torch.cuda.synchronize()
+    return [e for e in trace.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 def arch() -> int:

@@ -27,20 +27,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from batchnorm_gemm_h200 import bench, copy_gbps
+from batchnorm_gemm_h200 import bench, kernel_us
 from provenance import git_commit
 
 SQUARE = [(4096, 4096, 4096), (8192, 8192, 8192)]
 SKINNY = [(1, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096), (1, 8192, 8192), (64, 8192, 8192)]
+GEMV = [(1, 4096, 4096), (4, 4096, 4096), (8, 4096, 4096), (1, 8192, 8192), (1, 11008, 4096)]
 DTYPE = torch.bfloat16
 
 
 @dataclass(frozen=True)
 class Candidate:
-    kind: str  # "hopper" or "skinny"
+    kind: str  # "hopper", "skinny" or "gemv"
     shape: tuple[int, int, int]
     settings: tuple  # hopper: (block_m, block_n, block_k, stages, policy, epilogue);
-    # skinny: (block_n, block_k, blocks_per_sm, fixup, stages)
+    # skinny: (block_n, block_k, blocks_per_sm, fixup, stages);
+    # gemv: (lanes, threads, unroll, blocks_per_sm)
 
     @property
     def label(self) -> str:
@@ -63,9 +65,16 @@ def candidates() -> list[Candidate]:
     # Deeper pipelines than the shared-memory rule's cap (0: the rule's): more weight in flight.
     skinny += [(64, 64, bps, fixup, s) for bps in (1, 2) for fixup in (False, True)
                for s in (6, 8, 12) if bps * s <= 16]  # fmt: skip
-    return [Candidate("hopper", shape, h) for shape in SQUARE for h in hopper] + [
-        Candidate("skinny", shape, k) for shape in SKINNY for k in skinny
-    ]
+    # GEMV: strip width (lanes), row groups (threads / lanes), vectors in flight, occupancy.
+    gemv = [(lanes, threads, unroll, bps)
+            for lanes, threads in ((32, 128), (32, 256), (64, 128), (64, 256), (64, 512),
+                                   (128, 256), (128, 512))
+            for unroll in (4, 8, 16) for bps in (1, 2, 4)]  # fmt: skip
+    return (
+        [Candidate("hopper", shape, h) for shape in SQUARE for h in hopper]
+        + [Candidate("skinny", shape, k) for shape in SKINNY for k in skinny]
+        + [Candidate("gemv", shape, g) for shape in GEMV for g in gemv]
+    )
 
 
 def call_for(shape: tuple[int, int, int]) -> Any:
@@ -88,6 +97,13 @@ def build(candidate: Candidate) -> Any:
         program = build_program(name, lambda: gemm.gemm_program(call, tile, tma=True), 90,
                                  features="a")  # fmt: skip
         return gemm.GemmHopper(call, [program])
+    if candidate.kind == "gemv":
+        plan = gemm.gemv_plan(call, *candidate.settings)
+        kernel = gemm.GemmGemv(
+            call, [build_program(name, lambda: gemm.gemv_program(call, plan), 90)]
+        )
+        kernel.plan_ = plan
+        return kernel
     bn, bk, bps, fixup, stages = candidate.settings
     plan = replace(gemm.skinny_plan(call, bn, bk, bps), fixup=fixup)
     if stages:
@@ -110,35 +126,59 @@ def prebuild(candidate: Candidate) -> str:
 
 
 def measure(
-    shape: tuple[int, int, int], group: list[Candidate], errors: dict, rounds: int
+    shape: tuple[int, int, int], group: list[Candidate], errors: dict, rounds: int, clear: str
 ) -> list[str]:
     m, n, k = shape
     a = torch.randn(m, k, device="cuda", dtype=DTYPE)
     b = torch.randn(k, n, device="cuda", dtype=DTYPE)
     want = a.float() @ b.float()
-    skinny = group[0].kind == "skinny"
-    weight_gbps = copy_gbps(k * n * 2, rounds) if skinny else 0.0
+    kind = group[0].kind
+    if kind == "gemv":
+        timer = lambda fn: kernel_us(fn, clear=clear) / 1000  # noqa: E731
+    else:
+        timer = lambda fn: bench(fn, rounds)  # noqa: E731
+    weight_gbps = 0.0 if kind == "hopper" else k * n * 2 * 2 / timer(copy_of(k * n * 2)) / 1e6
 
     def score(ms: float) -> str:
-        if skinny:
+        if weight_gbps:
             return f"{100 * k * n * 2 / ms / 1e6 / weight_gbps:.1f}% copy"
         return f"{2 * m * n * k / ms / 1e9:.1f} TF/s"
 
-    base = bench(lambda: torch.matmul(a, b), rounds)
-    lines = [f"\n## {group[0].kind} {m}x{n}x{k}\n",
+    contenders = {"torch.matmul": lambda: torch.matmul(a, b)}
+    if kind == "gemv":  # the kernel the GEMV would take decode calls from
+        skinny = served_skinny(call_for(shape))
+        contenders["tilelang_gemm_skinny"] = lambda: skinny(a, b)
+    base = timer(contenders["torch.matmul"])
+    lines = [f"\n## {kind} {m}x{n}x{k}\n",
              "| candidate | ms | score | vs matmul | rel. error |", "|---|---|---|---|---|",
              f"| torch.matmul | {base:.4f} | {score(base)} | 1.00x | |"]  # fmt: skip
+    for name, fn in list(contenders.items())[1:]:
+        ms = timer(fn)
+        lines.append(f"| {name} | {ms:.4f} | {score(ms)} | {base / ms:.2f}x | |")
     for candidate in group:
         if errors.get(candidate):
             lines.append(f"| {candidate.label} | build failed: {errors[candidate]} | | | |")
             continue
         kernel = build(candidate)
         error = ((kernel(a, b).float() - want).norm() / want.norm()).item()
-        ms = bench(lambda kernel=kernel: kernel(a, b), rounds)
+        ms = timer(lambda kernel=kernel: kernel(a, b))
         cells = f"{ms:.4f} | {score(ms)} | {base / ms:.2f}x | {error:.1e}"
         lines.append(f"| {candidate.label} | {cells} |")
         print(lines[-1], flush=True)
     return lines
+
+
+def copy_of(nbytes: int) -> Any:
+    src = torch.empty(nbytes // 2, dtype=torch.int16, device="cuda")
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+def served_skinny(call: Any) -> Any:
+    from tileops_cuda import gemm
+
+    _, build_kernel = gemm.GemmSkinny.entry_for(call)
+    return build_kernel()
 
 
 def main() -> None:
@@ -147,6 +187,12 @@ def main() -> None:
     parser.add_argument("--only", default="", help="regex on 'kind label' of the candidates")
     parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 14))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--clear",
+        default="write",
+        choices=("write", "read"),
+        help="gemv: clear the L2 by writing or reading 256 MB before each call",
+    )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
     todo = [c for c in candidates() if c.kind in args.kinds.split(",")
@@ -160,12 +206,17 @@ def main() -> None:
              f"{torch.__version__}, bfloat16; medians of do_bench (L2 cleared), best of "
              f"{args.rounds}. Hopper settings: block_m block_n block_k stages policy "
              "epilogue; skinny: block_n block_k blocks-per-SM fixup stages (0: the "
-             "rule's)."]  # fmt: skip
+             "rule's); gemv: lanes threads unroll blocks-per-SM, timed as GPU kernel time "
+             f"(profiler; the L2 cleared by a 256 MB {args.clear}: decode kernels are shorter "
+             "than their launch path, which do_bench would time), beside the served skinny "
+             "kernel."]  # fmt: skip
     for shape in dict.fromkeys(c.shape for c in todo):
-        lines += measure(shape, [c for c in todo if c.shape == shape], errors, args.rounds)
+        group = [c for c in todo if c.shape == shape]
+        lines += measure(shape, group, errors, args.rounds, args.clear)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"gemm_tiles_{args.kinds.replace(',', '_')}_{device.replace(' ', '_').lower()}"
+    kinds = args.kinds.replace(",", "_") + ("_clean_l2" if args.clear == "read" else "")
+    stem = f"gemm_tiles_{kinds}_{device.replace(' ', '_').lower()}"
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
