@@ -5,11 +5,11 @@ The tile rules in `tileops_cuda.gemm` are read off this table. Hopper candidates
 tile, pipeline depth, warp policy and epilogue (C stored from registers, or staged in shared
 memory) at the large square shapes; skinny candidates vary the column tile, k tile, blocks per
 multiprocessor and how a split k is summed (a second kernel, or the fixup: the last block of
-each column tile), at decode shapes, scored as % of a same-run copy of the weight's bytes (the
-weight read dominates).
+each column tile, or, in a cluster, the first block), at decode shapes, scored as % of a
+same-run copy of the weight's bytes (the weight read dominates), from GPU kernel times.
 
     python benchmarks/gemm_tiles_h200.py [--kinds hopper,skinny] [--workers 14] [--rounds 3]
-        [--only REGEX] [--out DIR]
+        [--clear write|read] [--only REGEX] [--out DIR]
 
 Writes `<out>/gemm_tiles_<device>.md`. Candidates that fail to build are listed with the error.
 """
@@ -32,17 +32,15 @@ from provenance import git_commit
 
 SQUARE = [(4096, 4096, 4096), (8192, 8192, 8192)]
 SKINNY = [(1, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096), (1, 8192, 8192), (64, 8192, 8192)]
-GEMV = [(1, 4096, 4096), (4, 4096, 4096), (8, 4096, 4096), (1, 8192, 8192), (1, 11008, 4096)]
 DTYPE = torch.bfloat16
 
 
 @dataclass(frozen=True)
 class Candidate:
-    kind: str  # "hopper", "skinny" or "gemv"
+    kind: str  # "hopper" or "skinny"
     shape: tuple[int, int, int]
     settings: tuple  # hopper: (block_m, block_n, block_k, stages, policy, epilogue);
-    # skinny: (block_n, block_k, blocks_per_sm, fixup, stages);
-    # gemv: (lanes, threads, unroll, blocks_per_sm)
+    # skinny: (block_n, block_k, blocks_per_sm, how a split k is summed, stages)
 
     @property
     def label(self) -> str:
@@ -57,24 +55,20 @@ def candidates() -> list[Candidate]:
     hopper += [(128, 256, 64, 3, "FullRow", "smem"), (128, 128, 64, 4, "FullRow", "smem"),
                (256, 128, 64, 3, "FullCol", "smem")]  # fmt: skip
     # TMA copies trailed cp.async at every decode shape (results/gemm_tiles_skinny_*), so the
-    # sweep varies how a split k is summed: a second kernel, or the fixup (the last block).
-    skinny = [(bn, bk, bps, fixup, 0) for bn in (64, 128) for bk in (64, 128)
-              for bps in (1, 2, 4) for fixup in (False, True)]  # fmt: skip
+    # sweep varies how a split k is summed: a second kernel, the fixup (the last block), or the
+    # cluster (the splits' tiles meet in the first block's shared memory; at most 8 splits).
+    skinny = [(bn, bk, bps, how, 0) for bn in (64, 128) for bk in (64, 128) for bps in (1, 2)
+              for how in ("kernel", "fixup", "cluster")]  # fmt: skip
+    skinny += [(bn, bk, 4, how, 0) for bn in (64, 128) for bk in (64, 128)
+               for how in ("kernel", "fixup")]  # fmt: skip
     # One kernel, no split of k (no partials, no second launch): narrow columns fill the grid.
-    skinny += [(32, bk, 0.5, False, 0) for bk in (64, 128)]
+    skinny += [(32, bk, 0.5, "kernel", 0) for bk in (64, 128)]
     # Deeper pipelines than the shared-memory rule's cap (0: the rule's): more weight in flight.
-    skinny += [(64, 64, bps, fixup, s) for bps in (1, 2) for fixup in (False, True)
+    skinny += [(64, 64, bps, how, s) for bps in (1, 2) for how in ("kernel", "fixup")
                for s in (6, 8, 12) if bps * s <= 16]  # fmt: skip
-    # GEMV: strip width (lanes), row groups (threads / lanes), vectors in flight, occupancy.
-    gemv = [(lanes, threads, unroll, bps)
-            for lanes, threads in ((32, 128), (32, 256), (64, 128), (64, 256), (64, 512),
-                                   (128, 256), (128, 512))
-            for unroll in (4, 8, 16) for bps in (1, 2, 4)]  # fmt: skip
-    return (
-        [Candidate("hopper", shape, h) for shape in SQUARE for h in hopper]
-        + [Candidate("skinny", shape, k) for shape in SKINNY for k in skinny]
-        + [Candidate("gemv", shape, g) for shape in GEMV for g in gemv]
-    )
+    return [Candidate("hopper", shape, h) for shape in SQUARE for h in hopper] + [
+        Candidate("skinny", shape, k) for shape in SKINNY for k in skinny
+    ]
 
 
 def call_for(shape: tuple[int, int, int]) -> Any:
@@ -97,20 +91,15 @@ def build(candidate: Candidate) -> Any:
         program = build_program(name, lambda: gemm.gemm_program(call, tile, tma=True), 90,
                                  features="a")  # fmt: skip
         return gemm.GemmHopper(call, [program])
-    if candidate.kind == "gemv":
-        plan = gemm.gemv_plan(call, *candidate.settings)
-        kernel = gemm.GemmGemv(
-            call, [build_program(name, lambda: gemm.gemv_program(call, plan), 90)]
-        )
-        kernel.plan_ = plan
-        return kernel
-    bn, bk, bps, fixup, stages = candidate.settings
-    plan = replace(gemm.skinny_plan(call, bn, bk, bps), fixup=fixup)
+    bn, bk, bps, how, stages = candidate.settings
+    plan = gemm.skinny_plan(call, bn, bk, bps, cluster=how == "cluster")
+    if how != "cluster":
+        plan = replace(plan, fixup=how == "fixup" and plan.splits > 1)
     if stages:
         plan = replace(plan, tile=replace(plan.tile, stages=stages))
     programs = [build_program(f"{name}/0", lambda: gemm.skinny_program(call, plan), 90,
-                              pass_configs=gemm.MMA_SYNC_ONLY)]  # fmt: skip
-    if plan.splits > 1 and not plan.fixup:
+                              pass_configs=gemm.skinny_configs(plan))]  # fmt: skip
+    if plan.splits > 1 and not (plan.fixup or plan.cluster):
         programs.append(build_program(f"{name}/1", lambda: gemm.reduce_program(call, plan), 90))
     kernel = gemm.GemmSkinny(call, programs)
     kernel.plan_ = plan
@@ -133,7 +122,7 @@ def measure(
     b = torch.randn(k, n, device="cuda", dtype=DTYPE)
     want = a.float() @ b.float()
     kind = group[0].kind
-    if kind == "gemv":
+    if kind == "skinny":  # ~10 us kernels, shorter than their launch path (do_bench's time)
         timer = lambda fn: kernel_us(fn, clear=clear) / 1000  # noqa: E731
     else:
         timer = lambda fn: bench(fn, rounds)  # noqa: E731
@@ -144,17 +133,10 @@ def measure(
             return f"{100 * k * n * 2 / ms / 1e6 / weight_gbps:.1f}% copy"
         return f"{2 * m * n * k / ms / 1e9:.1f} TF/s"
 
-    contenders = {"torch.matmul": lambda: torch.matmul(a, b)}
-    if kind == "gemv":  # the kernel the GEMV would take decode calls from
-        skinny = served_skinny(call_for(shape))
-        contenders["tilelang_gemm_skinny"] = lambda: skinny(a, b)
-    base = timer(contenders["torch.matmul"])
+    base = timer(lambda: torch.matmul(a, b))
     lines = [f"\n## {kind} {m}x{n}x{k}\n",
              "| candidate | ms | score | vs matmul | rel. error |", "|---|---|---|---|---|",
              f"| torch.matmul | {base:.4f} | {score(base)} | 1.00x | |"]  # fmt: skip
-    for name, fn in list(contenders.items())[1:]:
-        ms = timer(fn)
-        lines.append(f"| {name} | {ms:.4f} | {score(ms)} | {base / ms:.2f}x | |")
     for candidate in group:
         if errors.get(candidate):
             lines.append(f"| {candidate.label} | build failed: {errors[candidate]} | | | |")
@@ -174,13 +156,6 @@ def copy_of(nbytes: int) -> Any:
     return lambda: dst.copy_(src)
 
 
-def served_skinny(call: Any) -> Any:
-    from tileops_cuda import gemm
-
-    _, build_kernel = gemm.GemmSkinny.entry_for(call)
-    return build_kernel()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kinds", default="hopper,skinny", help="which kernels to sweep")
@@ -191,7 +166,7 @@ def main() -> None:
         "--clear",
         default="write",
         choices=("write", "read"),
-        help="gemv: clear the L2 by writing or reading 256 MB before each call",
+        help="skinny: clear the L2 by writing or reading 256 MB before each call",
     )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
@@ -205,11 +180,10 @@ def main() -> None:
              f"{datetime.date.today()}, commit {git_commit()}, torch "
              f"{torch.__version__}, bfloat16; medians of do_bench (L2 cleared), best of "
              f"{args.rounds}. Hopper settings: block_m block_n block_k stages policy "
-             "epilogue; skinny: block_n block_k blocks-per-SM fixup stages (0: the "
-             "rule's); gemv: lanes threads unroll blocks-per-SM, timed as GPU kernel time "
-             f"(profiler; the L2 cleared by a 256 MB {args.clear}: decode kernels are shorter "
-             "than their launch path, which do_bench would time), beside the served skinny "
-             "kernel."]  # fmt: skip
+             "epilogue; skinny: block_n block_k blocks-per-SM split-sum stages (0: the "
+             "rule's). Skinny candidates are timed as GPU kernel time (profiler, the L2 "
+             f"cleared by a 256 MB {args.clear}): decode kernels are shorter than their "
+             "launch path, which do_bench would time."]  # fmt: skip
     for shape in dict.fromkeys(c.shape for c in todo):
         group = [c for c in todo if c.shape == shape]
         lines += measure(shape, group, errors, args.rounds, args.clear)

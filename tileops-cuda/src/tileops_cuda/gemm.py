@@ -38,7 +38,7 @@ from tileops.ops import GemmCall, GemmInterface
 
 from .compile import build_program
 from .operands import aligned
-from .rows import AMPERE_AND_LATER, DTYPE_NAMES, VECTOR_BYTES, vector_width
+from .rows import AMPERE_AND_LATER, DTYPE_NAMES, vector_width
 
 HALF = {torch.float16: 2, torch.bfloat16: 2}
 # TMA (cp.async.bulk.tensor) needs 16-byte aligned row strides: 8 elements of a 16-bit type.
@@ -64,6 +64,8 @@ MIN_K_TILES_PER_SPLIT = 4
 # second kernel by 3-10% (n = k = 4096: 59-61% of copy against 54-55%; 8192: 78% against 74%),
 # while at m = 16 and 64 the last block's serial sum of every split cost more than a launch.
 SKINNY_FIXUP_MAX_M = 1
+# Blocks in a cluster that every sm_90 part schedules (the portable limit).
+CLUSTER_MAX = 8
 REDUCE_THREADS = 256
 # TileLang lowerings that would pick wgmma and warp specialization on sm_90: off for the
 # sm_80-style kernels, which build for plain sm_90 (their copies also say `disable_tma`: they
@@ -114,12 +116,6 @@ HOPPER_TILES = (
 GENERAL_TILES = (Tile(128, 256, 32, 256), Tile(128, 128, 32, 128), Tile(64, 64, 32, 128))
 # Skinny: narrow columns (more blocks along n), deep k (long weight streams per stage).
 SKINNY_BLOCK_N, SKINNY_BLOCK_K, SKINNY_THREADS = 64, 64, 128
-# GEMV (m <= GEMV_M, the decode batch): no tensor cores, each thread streams 16-byte vectors of
-# weight rows straight into registers. A block holds `groups` row groups of `lanes` threads; the
-# lanes cover a strip of lanes * vec columns, the groups interleave the strip's rows of one split
-# of k. Defaults from the H200 sweep (gemm_tiles_h200.py --kinds gemv).
-GEMV_M = 4
-GEMV_LANES, GEMV_THREADS, GEMV_UNROLL, GEMV_BLOCKS_PER_SM = 64, 256, 8, 1
 # Padding a misaligned call for TMA costs three copies and their host time; from 2^36 flops
 # (about 110 us of GEMM) the Hopper kernel still wins by 3x (4096 x 4095 x 4096: 463 TFLOP/s
 # against cuBLAS's 143), below it the host time sinks it (1000 x 1001 x 999: 19 against 48
@@ -150,9 +146,10 @@ def _tiles(call: GemmCall, tile: Tile) -> int:
     return _ceil_div(call.m, tile.block_m) * _ceil_div(call.n, tile.block_n)
 
 
-def _with_stages(tile: Tile, call: GemmCall, k_tiles: int) -> Tile:
+def _with_stages(tile: Tile, call: GemmCall, k_tiles: int, beside: int = 0) -> Tile:
+    """`beside`: further shared-memory bytes the block keeps next to its stages."""
     itemsize = HALF[call.dtype]
-    room = call.smem_budget - SMEM_RESERVE - tile.epilogue_bytes(itemsize)
+    room = call.smem_budget - SMEM_RESERVE - tile.epilogue_bytes(itemsize) - beside
     fit = room // tile.stage_bytes(itemsize)
     stages = max(MIN_STAGES, min(MAX_STAGES, fit, k_tiles))
     return replace(tile, stages=stages)
@@ -162,12 +159,21 @@ def _with_stages(tile: Tile, call: GemmCall, k_tiles: int) -> Tile:
 class SkinnyPlan:
     """Skinny tiling: row tile block_m (m's bucket), `splits` slices of `k_tiles` k tiles.
     `fixup`: one launch for a split k, the last block of each column tile to finish summing
-    the partials (a counter per column tile tells it), instead of a second kernel."""
+    the partials (a counter per column tile tells it), instead of a second kernel. `cluster`
+    (sm_90, at most CLUSTER_MAX splits): a column tile's splits run as one cluster and send
+    their tiles into the first block's shared memory, which sums them after the cluster
+    barrier: no partials in global memory, no counter, no second kernel."""
 
     tile: Tile
     splits: int
     k_tiles: int
     fixup: bool = False
+    cluster: bool = False
+
+    def cluster_bytes(self) -> int:
+        """Shared memory of the cluster sum: a float32 tile per split, and the block's own."""
+        tile = self.tile
+        return (self.splits + 1) * tile.block_m * tile.block_n * 4 if self.cluster else 0
 
 
 def skinny_plan(
@@ -175,10 +181,12 @@ def skinny_plan(
     block_n: int = SKINNY_BLOCK_N,
     block_k: int = SKINNY_BLOCK_K,
     blocks_per_sm: float = SKINNY_BLOCKS_PER_SM,
+    cluster: bool = False,
 ) -> SkinnyPlan:
     """Row tile: m rounded up to a power of two, at least 16 (the mma's rows). Split k so that
     column tiles x splits reach `blocks_per_sm` blocks per multiprocessor, keeping at least
-    MIN_K_TILES_PER_SPLIT k tiles per split; no split is left empty."""
+    MIN_K_TILES_PER_SPLIT k tiles per split; no split is left empty. `cluster`: sum a split k
+    in a cluster where it may (sm_90, at most CLUSTER_MAX splits)."""
     block_m = max(16, _pow2_ceil(call.m))
     columns = _ceil_div(call.n, block_n)
     k_tiles = _ceil_div(call.k, block_k)
@@ -187,54 +195,18 @@ def skinny_plan(
     per_split = _ceil_div(k_tiles, splits)
     tile = Tile(block_m, block_n, block_k, SKINNY_THREADS)
     splits = _ceil_div(k_tiles, per_split)
-    fixup = splits > 1 and call.m <= SKINNY_FIXUP_MAX_M
-    return SkinnyPlan(_with_stages(tile, call, per_split), splits, per_split, fixup)
+    cluster = cluster and call.arch >= 90 and 1 < splits <= CLUSTER_MAX
+    fixup = splits > 1 and not cluster and call.m <= SKINNY_FIXUP_MAX_M
+    plan = SkinnyPlan(tile, splits, per_split, fixup, cluster)
+    return replace(plan, tile=_with_stages(tile, call, per_split, plan.cluster_bytes()))
 
 
-@dataclass(frozen=True)
-class GemvPlan:
-    """GEMV tiling: `block_m` (m's bucket: 1, 2 or 4) rows of A, strips of lanes * vec columns,
-    `threads // lanes` row groups per block, `unroll` weight vectors in flight per thread, k in
-    `splits` slices of `rows` rows. A split k is summed by the last block of each strip."""
-
-    block_m: int
-    lanes: int
-    threads: int
-    vec: int
-    unroll: int
-    splits: int
-    rows: int
-
-    @property
-    def groups(self) -> int:
-        return self.threads // self.lanes
-
-    @property
-    def width(self) -> int:
-        return self.lanes * self.vec
-
-
-def gemv_plan(
-    call: GemmCall,
-    lanes: int = GEMV_LANES,
-    threads: int = GEMV_THREADS,
-    unroll: int = GEMV_UNROLL,
-    blocks_per_sm: float = GEMV_BLOCKS_PER_SM,
-) -> GemvPlan:
-    """Split k so that strips x splits stay within `blocks_per_sm` blocks per multiprocessor
-    (one even wave: a block more would double some multiprocessors' share), each split at least
-    one round of `unroll` rows per group."""
-    vec = vector_width(call.n, call.dtype)
-    # Narrower vectors (n not a multiple of 16 bytes' elements): more lanes, the same bytes.
-    lanes = min(threads, lanes * (VECTOR_BYTES // call.dtype.itemsize // vec))
-    lanes = min(lanes, _pow2_ceil(_ceil_div(call.n, vec)))
-    step = threads // lanes * unroll
-    strips = _ceil_div(call.n, lanes * vec)
-    wanted = max(1, int(blocks_per_sm * call.sm_count) // strips)
-    splits = max(1, min(wanted, call.k // step))
-    rows = _round_up(_ceil_div(call.k, splits), step)
-    block_m = _pow2_ceil(call.m)
-    return GemvPlan(block_m, lanes, threads, vec, unroll, _ceil_div(call.k, rows), rows)
+def skinny_configs(plan: SkinnyPlan) -> dict[str, Any]:
+    """A cluster sum's tiles arrive in the first block's shared memory while it may still run
+    its k loop: that buffer must not share room with the pipeline's."""
+    if plan.cluster:
+        return {**MMA_SYNC_ONLY, "tl.disable_shared_memory_reuse": True}
+    return MMA_SYNC_ONLY
 
 
 def dtype_refusal(call: GemmCall) -> str | None:
@@ -246,20 +218,6 @@ def dtype_refusal(call: GemmCall) -> str | None:
             "torch.mm keeps float32; the Triton or reference kernels serve it"
         )
     return f"{call.dtype} is not served (float16 and bfloat16 only); the reference serves it"
-
-
-class StripCounters(dict):
-    """The split-k fixups' arrival counters, one per column tile, zero between calls (the last
-    block resets its own), keyed by (device, stream): kernels on one stream run in order, while
-    two streams' calls could interleave their counts."""
-
-    def for_stream(self, device: torch.device, columns: int) -> torch.Tensor:
-        stream = torch.cuda.current_stream(device).cuda_stream
-        counters = self.get((device, stream))
-        if counters is None:
-            counters = torch.zeros(columns, dtype=torch.int32, device=device)
-            self[(device, stream)] = counters
-        return counters
 
 
 class _Gemm(Kernel, GemmInterface):
@@ -289,14 +247,23 @@ class _Gemm(Kernel, GemmInterface):
             if plan is None:
                 return cls(call, [])
             name = f"{cls.__name__}{identity}"
-            return cls(call, [cls.compile(name, i, p, call.arch) for i, p in cls.programs(call)])
+            configs = cls.configs(call)
+            compiled = [cls.compile(name, i, p, call.arch, configs) for i, p in cls.programs(call)]
+            return cls(call, compiled)
 
         return identity, build
 
     @classmethod
-    def compile(cls, name: str, index: int, program: Any, arch: int) -> Any:
+    def configs(cls, call: GemmCall) -> dict[str, Any] | None:
+        """TileLang pass configs of the call's programs."""
+        return cls.pass_configs
+
+    @classmethod
+    def compile(
+        cls, name: str, index: int, program: Any, arch: int, configs: dict[str, Any] | None
+    ) -> Any:
         return build_program(
-            f"{name}/{index}", program, arch, features=cls.features, pass_configs=cls.pass_configs
+            f"{name}/{index}", program, arch, features=cls.features, pass_configs=configs
         )
 
     @classmethod
@@ -397,76 +364,47 @@ class GemmSkinny(_Gemm):
         return skinny_plan(call)
 
     @classmethod
+    def configs(cls, call: GemmCall) -> dict[str, Any] | None:
+        return skinny_configs(skinny_plan(call))
+
+    @classmethod
     def programs(cls, call: GemmCall) -> list[tuple[int, Any]]:
         plan = skinny_plan(call)
-        if plan.splits == 1 or plan.fixup:
+        if plan.splits == 1 or plan.fixup or plan.cluster:
             return [(0, lambda: skinny_program(call, plan))]
         return [(0, lambda: skinny_program(call, plan)), (1, lambda: reduce_program(call, plan))]
 
     def __init__(self, call: GemmCall, compiled: list[Any]) -> None:
         super().__init__(call, compiled)
         self.plan_ = skinny_plan(call) if call.k else None
-        self._counters = StripCounters()
+        self._counters: dict[tuple[torch.device, int], torch.Tensor] = {}
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         plan = self.plan_
-        if plan is None or plan.splits == 1:
+        if plan is None or plan.splits == 1 or plan.cluster:
             return super().forward(a, b)
         a, b = aligned(a), aligned(b)
         rows = plan.splits * plan.tile.block_m
         partials = torch.empty((rows, b.shape[1]), dtype=torch.float32, device=a.device)
         c = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
         if plan.fixup:
-            columns = _ceil_div(b.shape[1], plan.tile.block_n)
-            self.compiled[0](a, b, partials, self._counters.for_stream(a.device, columns), c)
+            self.compiled[0](a, b, partials, self._column_counters(a.device, b.shape[1]), c)
             return c
         self.compiled[0](a, b, partials)
         self.compiled[1](partials, c)
         return c
 
-
-class GemmGemv(_Gemm):
-    """m <= GEMV_M (decode at batch 1 to 4): a weight-streaming GEMV on the CUDA cores, no
-    shared-memory staging of the weight; a split k is summed, in a fixed order, by the last
-    block of each column strip."""
-
-    supported_archs = AMPERE_AND_LATER
-    preferred_over = frozenset({"tilelang_gemm", "tilelang_gemm_hopper", "tilelang_gemm_skinny"})
-    pass_configs = None
-
-    @classmethod
-    def region_refusal(cls, call: GemmCall) -> str | None:
-        if call.k == 0:
-            return "k == 0 leaves nothing to multiply: tilelang_gemm returns the zeros"
-        if call.m > GEMV_M:
-            return f"the GEMV serves m <= {GEMV_M}, not m={call.m}"
-        return None
-
-    @classmethod
-    def plan(cls, call: GemmCall) -> GemvPlan:
-        return gemv_plan(call)
-
-    @classmethod
-    def programs(cls, call: GemmCall) -> list[tuple[int, Any]]:
-        plan = gemv_plan(call)
-        return [(0, lambda: gemv_program(call, plan))]
-
-    def __init__(self, call: GemmCall, compiled: list[Any]) -> None:
-        super().__init__(call, compiled)
-        self.plan_ = gemv_plan(call) if call.k else None
-        self._counters = StripCounters()
-
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        plan = self.plan_
-        if plan is None or plan.splits == 1:
-            return super().forward(a, b)
-        a, b = aligned(a), aligned(b)
-        n, device = b.shape[1], a.device
-        partials = torch.empty((plan.splits * plan.block_m, n), dtype=torch.float32, device=device)
-        counters = self._counters.for_stream(device, _ceil_div(n, plan.width))
-        c = torch.empty((a.shape[0], n), dtype=a.dtype, device=device)
-        self.compiled[0](a, b, partials, counters, c)
-        return c
+    def _column_counters(self, device: torch.device, n: int) -> torch.Tensor:
+        """The fixup's arrival counters, one per column tile, zero between calls (the last
+        block resets its own). One set per stream: kernels on one stream run in order, while
+        two streams' calls could interleave their counts."""
+        stream = torch.cuda.current_stream(device).cuda_stream
+        counters = self._counters.get((device, stream))
+        if counters is None:
+            columns = _ceil_div(n, self.plan_.tile.block_n)
+            counters = torch.zeros(columns, dtype=torch.int32, device=device)
+            self._counters[(device, stream)] = counters
+        return counters
 
 
 # -- TileLang programs -----------------------------------------------------------------------
@@ -544,8 +482,34 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
                 Count[bx] = 0
 
     @T.macro
+    def cluster_sum(acc, slots, C, bx, split):
+        """SkinnyPlan.cluster: each split's tile into slot `split` of the cluster's first block
+        (rank 0: the cluster spans the splits); after the cluster barrier that block sums the
+        slots in split order into C."""
+        mine = T.alloc_shared((bm, bn), "float32")
+        T.copy(acc, mine)
+        T.cluster_wait()  # every block of the cluster runs (announced at launch)
+        T.copy_cluster(mine, slots[split, :, :], dst_block=0)
+        T.cluster_sync()
+        if split == 0:
+            T.clear(acc)
+            for s in T.serial(plan.splits):
+                for i, j in T.Parallel(bm, bn):
+                    acc[i, j] += slots[s, i, j]
+            T.copy(acc, C[0, bx * bn])
+
+    cluster = (1, plan.splits, 1) if plan.cluster else None
+
+    @T.macro
     def body(A, B, C, Count, Out):
-        with T.Kernel(T.ceildiv(n, bn), plan.splits, threads=tile.threads) as (bx, split):
+        columns = T.ceildiv(n, bn)
+        with T.Kernel(columns, plan.splits, threads=tile.threads, cluster_dims=cluster) as (
+            bx,
+            split,
+        ):
+            if plan.cluster:
+                T.cluster_arrive_relaxed()
+                slots = T.alloc_shared((plan.splits, bm, bn), "float32")
             a_tile = T.alloc_shared((bm, bk), dtype)
             b_tile = T.alloc_shared((bk, bn), dtype)
             acc = T.alloc_fragment((bm, bn), "float32")
@@ -554,7 +518,9 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
                 T.copy(A[0, (split * per_split + kk) * bk], a_tile, annotations=NO_TMA)
                 T.copy(B[(split * per_split + kk) * bk, bx * bn], b_tile, annotations=NO_TMA)
                 T.gemm(a_tile, b_tile, acc)
-            if split_k:
+            if plan.cluster:
+                cluster_sum(acc, slots, C, bx, split)
+            elif split_k:
                 T.copy(acc, C[split * bm, bx * bn])
             else:
                 T.copy(acc, C[0, bx * bn])
@@ -574,7 +540,7 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
     def main(A, B, C):
         body(A, B, C, None, None)
 
-    if split_k:
+    if split_k and not plan.cluster:
         return tiles.prim_func(
             main, dtype, {"C": "float32"}, A=(m, k), B=(k, n), C=(plan.splits * bm, n)
         )
@@ -608,112 +574,3 @@ def reduce_program(call: GemmCall, plan: SkinnyPlan) -> Any:
                     C[row, col + v] = acc[v]
 
     return tiles.prim_func(main, dtype, {"P": "float32"}, P=(plan.splits * bm, n), C=(m, n))
-
-
-def gemv_program(call: GemmCall, plan: GemvPlan) -> Any:
-    """Block (strip, split): group g of the block multiplies rows split * rows + i * groups + g
-    of B (unroll of them in flight per thread) by A's matching columns, into float32 sums of the
-    thread's vec columns for each of A's rows; the groups' sums meet in shared memory. Unsplit:
-    straight into C; split: into P[split * block_m + row], and the strip's last block to arrive
-    sums every split's P (groups taking every groups-th split) into C."""
-    import tilelang.language as T
-
-    from . import tiles
-
-    n, k, dtype = call.n, call.k, DTYPE_NAMES[call.dtype]
-    bm, lanes, vec, unroll = plan.block_m, plan.lanes, plan.vec, plan.unroll
-    groups, width, splits, rows = plan.groups, plan.width, plan.splits, plan.rows
-    strips = _ceil_div(n, width)
-    m = T.dynamic("m")
-
-    @T.macro
-    def fold_groups(acc, red, g, lane):
-        """Every group's acc summed, in group order, into group 0's."""
-        for r in T.unroll(bm):
-            for v in T.vectorized(vec):
-                red[g, r, lane * vec + v] = acc[r, v]
-        T.sync_threads()
-        if g == 0:
-            for h in T.unroll(1, groups):
-                for r in T.unroll(bm):
-                    for v in T.unroll(vec):
-                        acc[r, v] += red[h, r, lane * vec + v]
-
-    @T.macro
-    def store(Out, base, acc, col, out_dtype: str):
-        for r in T.unroll(bm):
-            if r < m:
-                for v in T.vectorized(vec):
-                    Out[base + r, col + v] = T.cast(acc[r, v], out_dtype)
-
-    @T.macro
-    def body(A, B, P, Count, C):
-        with T.Kernel(strips, splits, threads=plan.threads) as (bx, split):
-            tx = T.get_thread_binding()
-            g, lane = tx // lanes, tx % lanes
-            col = bx * width + lane * vec
-            k_end = T.min(k, split * rows + rows)
-            acc = T.alloc_local((bm, vec), "float32")
-            w = T.alloc_local((unroll, vec), dtype)
-            red = T.alloc_shared((groups, bm, width), "float32")
-            T.clear(acc)
-            for step in T.serial(rows // (groups * unroll)):
-                first = split * rows + step * unroll * groups + g
-                for u in T.unroll(unroll):
-                    if first + u * groups < k_end and col < n:
-                        for v in T.vectorized(vec):
-                            w[u, v] = B[first + u * groups, col + v]
-                    else:
-                        for v in T.vectorized(vec):
-                            w[u, v] = T.cast(0, dtype)
-                for u in T.unroll(unroll):
-                    row = first + u * groups
-                    for r in T.unroll(bm):
-                        a = T.if_then_else(r < m and row < k_end, T.cast(A[r, row], "float32"), 0.0)
-                        for v in T.unroll(vec):
-                            acc[r, v] += a * T.cast(w[u, v], "float32")
-            fold_groups(acc, red, g, lane)
-            if splits == 1:
-                if g == 0 and col < n:
-                    store(C, 0, acc, col, dtype)
-            else:
-                if g == 0 and col < n:
-                    store(P, split * bm, acc, col, "float32")
-                arrived = T.alloc_shared((1,), "int32")
-                T.sync_threads()  # every thread's partials written before the count
-                if tx == 0:
-                    arrived[0] = T.atomic_add(
-                        Count[bx], 1, memory_order="acq_rel", return_prev=True
-                    )
-                T.sync_threads()
-                if arrived[0] == splits - 1:
-                    part = T.alloc_local((vec,), "float32")
-                    T.clear(acc)
-                    for s in T.serial(_ceil_div(splits, groups)):
-                        if s * groups + g < splits and col < n:
-                            for r in T.unroll(bm):
-                                if r < m:
-                                    for v in T.vectorized(vec):
-                                        part[v] = P[(s * groups + g) * bm + r, col + v]
-                                    for v in T.unroll(vec):
-                                        acc[r, v] += part[v]
-                    T.sync_threads()  # red's first use is over in every group
-                    fold_groups(acc, red, g, lane)
-                    if g == 0 and col < n:
-                        store(C, 0, acc, col, dtype)
-                    if tx == 0:
-                        Count[bx] = 0
-
-    if splits == 1:
-
-        def main(A, B, C):
-            body(A, B, None, None, C)
-
-        return tiles.prim_func(main, dtype, A=(m, k), B=(k, n), C=(m, n))
-
-    def main(A, B, P, Count, C):
-        body(A, B, P, Count, C)
-
-    dtypes = {"P": "float32", "Count": "int32"}
-    shapes = {"P": (splits * bm, n), "Count": (strips,)}
-    return tiles.prim_func(main, dtype, dtypes, A=(m, k), B=(k, n), **shapes, C=(m, n))
