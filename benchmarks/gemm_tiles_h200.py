@@ -5,8 +5,8 @@ The tile rules in `tileops_cuda.gemm` are read off this table. Hopper candidates
 tile, pipeline depth, warp policy and epilogue (C stored from registers, or staged in shared
 memory) at the large square shapes; skinny candidates vary the column tile, k tile, blocks per
 multiprocessor and how a split k is summed (a second kernel, or the fixup: the last block of
-each column tile, or, in a cluster, the first block), at decode shapes, scored as % of a
-same-run copy of the weight's bytes (the weight read dominates), from GPU kernel times.
+each column tile), at decode shapes, scored as % of a same-run copy of the weight's bytes (the
+weight read dominates), from GPU kernel times.
 
     python benchmarks/gemm_tiles_h200.py [--kinds hopper,skinny] [--workers 14] [--rounds 3]
         [--clear write|read] [--only REGEX] [--out DIR]
@@ -55,12 +55,10 @@ def candidates() -> list[Candidate]:
     hopper += [(128, 256, 64, 3, "FullRow", "smem"), (128, 128, 64, 4, "FullRow", "smem"),
                (256, 128, 64, 3, "FullCol", "smem")]  # fmt: skip
     # TMA copies trailed cp.async at every decode shape (results/gemm_tiles_skinny_*), so the
-    # sweep varies how a split k is summed: a second kernel, the fixup (the last block), or the
-    # cluster (the splits' tiles meet in the first block's shared memory; at most 8 splits).
-    skinny = [(bn, bk, bps, how, 0) for bn in (64, 128) for bk in (64, 128) for bps in (1, 2)
-              for how in ("kernel", "fixup", "cluster")]  # fmt: skip
-    skinny += [(bn, bk, 4, how, 0) for bn in (64, 128) for bk in (64, 128)
-               for how in ("kernel", "fixup")]  # fmt: skip
+    # sweep varies how a split k is summed: a second kernel or the fixup (the last block). A
+    # cluster sum trailed both (results/gemm_tiles_skinny_split_sum_*, commit e577926).
+    skinny = [(bn, bk, bps, how, 0) for bn in (64, 128) for bk in (64, 128) for bps in (1, 2, 4)
+              for how in ("kernel", "fixup")]  # fmt: skip
     # One kernel, no split of k (no partials, no second launch): narrow columns fill the grid.
     skinny += [(32, bk, 0.5, "kernel", 0) for bk in (64, 128)]
     # Deeper pipelines than the shared-memory rule's cap (0: the rule's): more weight in flight.
@@ -92,14 +90,12 @@ def build(candidate: Candidate) -> Any:
                                  features="a")  # fmt: skip
         return gemm.GemmHopper(call, [program])
     bn, bk, bps, how, stages = candidate.settings
-    plan = gemm.skinny_plan(call, bn, bk, bps, cluster=how == "cluster")
-    if how != "cluster":
-        plan = replace(plan, fixup=how == "fixup" and plan.splits > 1)
+    plan = replace(gemm.skinny_plan(call, bn, bk, bps), fixup=how == "fixup")
     if stages:
         plan = replace(plan, tile=replace(plan.tile, stages=stages))
     programs = [build_program(f"{name}/0", lambda: gemm.skinny_program(call, plan), 90,
-                              pass_configs=gemm.skinny_configs(plan))]  # fmt: skip
-    if plan.splits > 1 and not (plan.fixup or plan.cluster):
+                              pass_configs=gemm.MMA_SYNC_ONLY)]  # fmt: skip
+    if plan.splits > 1 and not plan.fixup:
         programs.append(build_program(f"{name}/1", lambda: gemm.reduce_program(call, plan), 90))
     kernel = gemm.GemmSkinny(call, programs)
     kernel.plan_ = plan

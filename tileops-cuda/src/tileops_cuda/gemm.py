@@ -64,8 +64,6 @@ MIN_K_TILES_PER_SPLIT = 4
 # second kernel by 3-10% (n = k = 4096: 59-61% of copy against 54-55%; 8192: 78% against 74%),
 # while at m = 16 and 64 the last block's serial sum of every split cost more than a launch.
 SKINNY_FIXUP_MAX_M = 1
-# Blocks in a cluster that every sm_90 part schedules (the portable limit).
-CLUSTER_MAX = 8
 REDUCE_THREADS = 256
 # TileLang lowerings that would pick wgmma and warp specialization on sm_90: off for the
 # sm_80-style kernels, which build for plain sm_90 (their copies also say `disable_tma`: they
@@ -146,10 +144,9 @@ def _tiles(call: GemmCall, tile: Tile) -> int:
     return _ceil_div(call.m, tile.block_m) * _ceil_div(call.n, tile.block_n)
 
 
-def _with_stages(tile: Tile, call: GemmCall, k_tiles: int, beside: int = 0) -> Tile:
-    """`beside`: further shared-memory bytes the block keeps next to its stages."""
+def _with_stages(tile: Tile, call: GemmCall, k_tiles: int) -> Tile:
     itemsize = HALF[call.dtype]
-    room = call.smem_budget - SMEM_RESERVE - tile.epilogue_bytes(itemsize) - beside
+    room = call.smem_budget - SMEM_RESERVE - tile.epilogue_bytes(itemsize)
     fit = room // tile.stage_bytes(itemsize)
     stages = max(MIN_STAGES, min(MAX_STAGES, fit, k_tiles))
     return replace(tile, stages=stages)
@@ -159,21 +156,12 @@ def _with_stages(tile: Tile, call: GemmCall, k_tiles: int, beside: int = 0) -> T
 class SkinnyPlan:
     """Skinny tiling: row tile block_m (m's bucket), `splits` slices of `k_tiles` k tiles.
     `fixup`: one launch for a split k, the last block of each column tile to finish summing
-    the partials (a counter per column tile tells it), instead of a second kernel. `cluster`
-    (sm_90, at most CLUSTER_MAX splits): a column tile's splits run as one cluster and send
-    their tiles into the first block's shared memory, which sums them after the cluster
-    barrier: no partials in global memory, no counter, no second kernel."""
+    the partials (a counter per column tile tells it), instead of a second kernel."""
 
     tile: Tile
     splits: int
     k_tiles: int
     fixup: bool = False
-    cluster: bool = False
-
-    def cluster_bytes(self) -> int:
-        """Shared memory of the cluster sum: a float32 tile per split, and the block's own."""
-        tile = self.tile
-        return (self.splits + 1) * tile.block_m * tile.block_n * 4 if self.cluster else 0
 
 
 def skinny_plan(
@@ -181,12 +169,10 @@ def skinny_plan(
     block_n: int = SKINNY_BLOCK_N,
     block_k: int = SKINNY_BLOCK_K,
     blocks_per_sm: float = SKINNY_BLOCKS_PER_SM,
-    cluster: bool = False,
 ) -> SkinnyPlan:
     """Row tile: m rounded up to a power of two, at least 16 (the mma's rows). Split k so that
     column tiles x splits reach `blocks_per_sm` blocks per multiprocessor, keeping at least
-    MIN_K_TILES_PER_SPLIT k tiles per split; no split is left empty. `cluster`: sum a split k
-    in a cluster where it may (sm_90, at most CLUSTER_MAX splits)."""
+    MIN_K_TILES_PER_SPLIT k tiles per split; no split is left empty."""
     block_m = max(16, _pow2_ceil(call.m))
     columns = _ceil_div(call.n, block_n)
     k_tiles = _ceil_div(call.k, block_k)
@@ -195,18 +181,8 @@ def skinny_plan(
     per_split = _ceil_div(k_tiles, splits)
     tile = Tile(block_m, block_n, block_k, SKINNY_THREADS)
     splits = _ceil_div(k_tiles, per_split)
-    cluster = cluster and call.arch >= 90 and 1 < splits <= CLUSTER_MAX
-    fixup = splits > 1 and not cluster and call.m <= SKINNY_FIXUP_MAX_M
-    plan = SkinnyPlan(tile, splits, per_split, fixup, cluster)
-    return replace(plan, tile=_with_stages(tile, call, per_split, plan.cluster_bytes()))
-
-
-def skinny_configs(plan: SkinnyPlan) -> dict[str, Any]:
-    """A cluster sum's tiles arrive in the first block's shared memory while it may still run
-    its k loop: that buffer must not share room with the pipeline's."""
-    if plan.cluster:
-        return {**MMA_SYNC_ONLY, "tl.disable_shared_memory_reuse": True}
-    return MMA_SYNC_ONLY
+    fixup = splits > 1 and call.m <= SKINNY_FIXUP_MAX_M
+    return SkinnyPlan(_with_stages(tile, call, per_split), splits, per_split, fixup)
 
 
 def dtype_refusal(call: GemmCall) -> str | None:
@@ -247,23 +223,14 @@ class _Gemm(Kernel, GemmInterface):
             if plan is None:
                 return cls(call, [])
             name = f"{cls.__name__}{identity}"
-            configs = cls.configs(call)
-            compiled = [cls.compile(name, i, p, call.arch, configs) for i, p in cls.programs(call)]
-            return cls(call, compiled)
+            return cls(call, [cls.compile(name, i, p, call.arch) for i, p in cls.programs(call)])
 
         return identity, build
 
     @classmethod
-    def configs(cls, call: GemmCall) -> dict[str, Any] | None:
-        """TileLang pass configs of the call's programs."""
-        return cls.pass_configs
-
-    @classmethod
-    def compile(
-        cls, name: str, index: int, program: Any, arch: int, configs: dict[str, Any] | None
-    ) -> Any:
+    def compile(cls, name: str, index: int, program: Any, arch: int) -> Any:
         return build_program(
-            f"{name}/{index}", program, arch, features=cls.features, pass_configs=configs
+            f"{name}/{index}", program, arch, features=cls.features, pass_configs=cls.pass_configs
         )
 
     @classmethod
@@ -364,13 +331,9 @@ class GemmSkinny(_Gemm):
         return skinny_plan(call)
 
     @classmethod
-    def configs(cls, call: GemmCall) -> dict[str, Any] | None:
-        return skinny_configs(skinny_plan(call))
-
-    @classmethod
     def programs(cls, call: GemmCall) -> list[tuple[int, Any]]:
         plan = skinny_plan(call)
-        if plan.splits == 1 or plan.fixup or plan.cluster:
+        if plan.splits == 1 or plan.fixup:
             return [(0, lambda: skinny_program(call, plan))]
         return [(0, lambda: skinny_program(call, plan)), (1, lambda: reduce_program(call, plan))]
 
@@ -381,7 +344,7 @@ class GemmSkinny(_Gemm):
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         plan = self.plan_
-        if plan is None or plan.splits == 1 or plan.cluster:
+        if plan is None or plan.splits == 1:
             return super().forward(a, b)
         a, b = aligned(a), aligned(b)
         rows = plan.splits * plan.tile.block_m
@@ -482,34 +445,8 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
                 Count[bx] = 0
 
     @T.macro
-    def cluster_sum(acc, slots, C, bx, split):
-        """SkinnyPlan.cluster: each split's tile into slot `split` of the cluster's first block
-        (rank 0: the cluster spans the splits); after the cluster barrier that block sums the
-        slots in split order into C."""
-        mine = T.alloc_shared((bm, bn), "float32")
-        T.copy(acc, mine)
-        T.cluster_wait()  # every block of the cluster runs (announced at launch)
-        T.copy_cluster(mine, slots[split, :, :], dst_block=0)
-        T.cluster_sync()
-        if split == 0:
-            T.clear(acc)
-            for s in T.serial(plan.splits):
-                for i, j in T.Parallel(bm, bn):
-                    acc[i, j] += slots[s, i, j]
-            T.copy(acc, C[0, bx * bn])
-
-    cluster = (1, plan.splits, 1) if plan.cluster else None
-
-    @T.macro
     def body(A, B, C, Count, Out):
-        columns = T.ceildiv(n, bn)
-        with T.Kernel(columns, plan.splits, threads=tile.threads, cluster_dims=cluster) as (
-            bx,
-            split,
-        ):
-            if plan.cluster:
-                T.cluster_arrive_relaxed()
-                slots = T.alloc_shared((plan.splits, bm, bn), "float32")
+        with T.Kernel(T.ceildiv(n, bn), plan.splits, threads=tile.threads) as (bx, split):
             a_tile = T.alloc_shared((bm, bk), dtype)
             b_tile = T.alloc_shared((bk, bn), dtype)
             acc = T.alloc_fragment((bm, bn), "float32")
@@ -518,9 +455,7 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
                 T.copy(A[0, (split * per_split + kk) * bk], a_tile, annotations=NO_TMA)
                 T.copy(B[(split * per_split + kk) * bk, bx * bn], b_tile, annotations=NO_TMA)
                 T.gemm(a_tile, b_tile, acc)
-            if plan.cluster:
-                cluster_sum(acc, slots, C, bx, split)
-            elif split_k:
+            if split_k:
                 T.copy(acc, C[split * bm, bx * bn])
             else:
                 T.copy(acc, C[0, bx * bn])
@@ -540,7 +475,7 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
     def main(A, B, C):
         body(A, B, C, None, None)
 
-    if split_k and not plan.cluster:
+    if split_k:
         return tiles.prim_func(
             main, dtype, {"C": "float32"}, A=(m, k), B=(k, n), C=(plan.splits * bm, n)
         )
