@@ -16,7 +16,9 @@ Times are medians of `triton.testing.do_bench` (the L2 is cleared before every r
 best of --rounds alternating rounds. BatchNorm rows also give `cudnn loop us` and `tileops loop
 us`: microseconds per call over 200 back-to-back calls with a warm L2, the slower of the host's
 launch path and the kernel, as in a model's layer loop; `<name> graph` columns time the
-same call replayed from a CUDA graph (no host launch path).
+same call replayed from a CUDA graph (no host launch path), and `<name> kernel` columns its
+GPU kernel time alone (profiler, L2 cleared), against a copy timed the same way: a small
+layer's kernels take a few microseconds, less than an eager launch or a graph replay.
 
     python benchmarks/batchnorm_gemm_h200.py [--part batchnorm,gemm] [--modes train,infer]
         [--dtypes bfloat16,...] [--batches 32,256] [--max-m M] [--rounds 2] [--no-compile]
@@ -184,7 +186,19 @@ def measure_bn(mode: str, shape: tuple[int, ...], dtype: str, args: argparse.Nam
     for name, ms in bench_all(replays, args.rounds).items():
         row.ms[name] = ms
         row.score[name] = 100 * moved / ms / 1e6 / row.copy_gbps
+    # Small layers' kernels run shorter than a launch, eager or replayed: GPU time alone.
+    copy_us = kernel_us(copy_moving(moved))
+    for name in peers:
+        if name in contenders:
+            row.score[f"{name} kernel"] = 100 * copy_us / kernel_us(contenders[name])
     return row
+
+
+def copy_moving(nbytes: int) -> Callable[[], Any]:
+    """A device-to-device copy that moves `nbytes` in all (half read, half written)."""
+    src = torch.empty(nbytes // 4, dtype=torch.int16, device="cuda")
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
 
 
 def graphed(fn: Callable[[], Any]) -> Callable[[], Any]:

@@ -21,23 +21,24 @@ pytestmark = pytest.mark.skipif(INTERPRETING, reason="compiles programs; the int
 BLOCK = 32768
 TYPES = {"X": "*bf16", "W": "*bf16", "B": "*bf16", "Y": "*bf16", "rows": "i32", "n": "i32",
          "eps": "fp32"}  # fmt: skip
-FLAGS = {"BLOCK": BLOCK, "HAS_W": True, "HAS_B": True, "ROWS": 1, "CACHED": True}
+FLAGS = {"BLOCK": BLOCK, "HAS_W": True, "HAS_B": True, "ROWS": 1, "CACHED": True, "VEC": 8}
 
 
 def ptxas_usage(
     name: str, warps: int, maxnreg: int | None = None, block: int = BLOCK
 ) -> tuple[int, int]:
-    """(registers, spill-store bytes) of `_norm_kernels.<name>` on bfloat16 rows of `block` for
-    sm_90, as ptxas reports them, with the pointers and n 16-aligned as the launcher's
-    specialisation makes them."""
+    """(registers, spill-store bytes) of the row program `name` (in _norm_kernels or
+    _softmax_kernels) on bfloat16 rows of `block` for sm_90, as ptxas reports them, with the
+    pointers and n 16-aligned as the launcher's specialisation makes them."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
-    from tileops_triton import _norm_kernels
+    from tileops_triton import _norm_kernels, _softmax_kernels
 
-    program = getattr(_norm_kernels, name)
+    module = _softmax_kernels if name.startswith("softmax") else _norm_kernels
+    program = getattr(module, name)
     signature = {arg: TYPES.get(arg, "constexpr") for arg in program.arg_names}
     flags = {**FLAGS, "BLOCK": block}
     constants = {arg: flags[arg] for arg, kind in signature.items() if kind == "constexpr"}

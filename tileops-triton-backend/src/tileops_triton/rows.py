@@ -39,8 +39,9 @@ points, where Liger reached LayerNorm 0.62 / 0.23 and RMSNorm 0.96 / 0.83 at 16K
 | 32768 | 0.84 (32 w, 32 regs) / 0.75     | 0.96 (32 w, 32 regs) / 0.88     |
 
 A held softmax with its max and its sum as two reductions gained nothing (0.92 / 0.92 at 16K,
-0.74 / 0.76 at 32K, the earlier run); its held program now merges (max, sum) pairs in one
-reduction (_softmax_kernels), a plan-sweep candidate not yet measured, so softmax is not held.
+0.74 / 0.76 at 32K, the earlier run). Merging (max, sum) pairs in one reduction
+(_softmax_kernels.softmax_held) wins at 32K only: 0.78 / 0.75 and 0.77 / 0.75 (32 w, 32 regs
+against fused 32 warps) in two runs of 2026-11-30, while at 16K it trailed (0.85 / 0.92).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ FAMILY_FUSED_WARPS = {"rms_norm": {16384: 8}, "softmax": {8192: 16, 16384: 32}}
 FAMILY_UNCACHED = {"rms_norm": {16384}}
 # bfloat16 rows held as loaded: row block -> (warps, register cap), by family (table above).
 HELD = {"layer_norm": {16384: (8, 80), 32768: (32, 32)},
-        "rms_norm": {4096: (8, 80), 8192: (8, 80), 16384: (8, 80), 32768: (32, 32)}}  # fmt: skip
+        "rms_norm": {4096: (8, 80), 8192: (8, 80), 16384: (8, 80), 32768: (32, 32)},
+        "softmax": {32768: (32, 32)}}  # fmt: skip
 LOOP_CHUNK = 4096
 LOOP_WARPS = 16
 
