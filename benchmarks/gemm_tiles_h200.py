@@ -64,7 +64,9 @@ def candidates() -> list[Candidate]:
     # Deeper pipelines than the shared-memory rule's cap (0: the rule's): more weight in flight.
     skinny += [(64, 64, bps, how, s, 0) for bps in (1, 2) for how in ("kernel", "fixup")
                for s in (6, 8, 12) if bps * s <= 16]  # fmt: skip
-    # Twice the warps (0: SKINNY_THREADS): more mma issue for a 64-row tile.
+    # Twice the warps (0: SKINNY_THREADS): more mma issue for a 64-row tile. Slower at every
+    # decode shape, 43-55% of copy against 52-55 at 64x4096x4096 (results/
+    # gemm_tiles_skinny_threads_clean_l2_nvidia_h200.md).
     skinny += [(bn, 64, bps, "kernel", 0, 256) for bn in (64, 128) for bps in (1, 2)]
     return [Candidate("hopper", shape, h) for shape in SQUARE for h in hopper] + [
         Candidate("skinny", shape, k) for shape in SKINNY for k in skinny

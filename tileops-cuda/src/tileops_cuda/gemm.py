@@ -57,7 +57,11 @@ SWIZZLE_PANEL = 8
 # TMA copies at m = 1, 16, 64 and n = k = 4096, 8192 (57% of copy at m = 1, n = k = 4096,
 # against 55% for the earlier 4 blocks of 64 x 128). Deeper pipelines than the shared-memory
 # rule's (6, 8, 12 stages) were no faster at any decode shape and up to 20% slower at m = 64
-# (results/gemm_tiles_persistent_stages_nvidia_h200.md).
+# (results/gemm_tiles_persistent_stages_nvidia_h200.md). From kernel times after a read-only L2
+# clearing the rule reaches 72-73% of copy at m = 1 and 16 (n = k = 4096) and 97% at m = 1
+# (8192); no alternative beat it: summing the splits in a cluster (57% at m = 1, 4096), 256
+# threads (67%), or a CUDA-core GEMV for m <= 8 (71% at m = 1, commit b13531a)
+# (results/gemm_tiles_skinny_split_sum_*, gemm_tiles_skinny_threads_clean_l2_*, gemm_tiles_gemv_*).
 SKINNY_BLOCKS_PER_SM = 1
 MIN_K_TILES_PER_SPLIT = 4
 # Up to this m a split k is summed by the fixup (SkinnyPlan.fixup): at m = 1 it beat the
