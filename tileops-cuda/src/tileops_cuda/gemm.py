@@ -411,10 +411,11 @@ def gemm_program(call: GemmCall, tile: Tile, tma: bool) -> Any:
     return tiles.prim_func(main, dtype, A=(m, k), B=(k, n), C=(m, n))
 
 
-def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
+def skinny_program(call: GemmCall, plan: SkinnyPlan, tma: bool = False) -> Any:
     """Block (column tile, split) multiplies all m rows (one row tile) by its slice of k.
     Split: float32 partials into P[split * block_m + row, col]; unsplit: straight into C.
-    Copies are cp.async: TMA copies trailed them at every decode shape on the H200."""
+    Copies are cp.async: TMA copies trailed them at every decode shape on the H200. `tma`
+    (sweep only): TileLang picks the copies and the product (TMA and wgmma on sm_90a)."""
     import tilelang.language as T
 
     from . import tiles
@@ -423,6 +424,7 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
     tile, per_split = plan.tile, plan.k_tiles
     bm, bn, bk = tile.block_m, tile.block_n, tile.block_k
     split_k = plan.splits > 1
+    hints = None if tma else NO_TMA
     m = T.dynamic("m")
 
     @T.macro
@@ -456,8 +458,8 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
             acc = T.alloc_fragment((bm, bn), "float32")
             T.clear(acc)
             for kk in T.Pipelined(per_split, num_stages=tile.stages):
-                T.copy(A[0, (split * per_split + kk) * bk], a_tile, annotations=NO_TMA)
-                T.copy(B[(split * per_split + kk) * bk, bx * bn], b_tile, annotations=NO_TMA)
+                T.copy(A[0, (split * per_split + kk) * bk], a_tile, annotations=hints)
+                T.copy(B[(split * per_split + kk) * bk, bx * bn], b_tile, annotations=hints)
                 T.gemm(a_tile, b_tile, acc)
             if split_k:
                 T.copy(acc, C[split * bm, bx * bn])
