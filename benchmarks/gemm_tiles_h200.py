@@ -40,7 +40,7 @@ class Candidate:
     kind: str  # "hopper" or "skinny"
     shape: tuple[int, int, int]
     settings: tuple  # hopper: (block_m, block_n, block_k, stages, policy, epilogue);
-    # skinny: (block_n, block_k, blocks_per_sm, how a split k is summed, stages, threads, path)
+    # skinny: (block_n, block_k, blocks_per_sm, how a split k is summed, stages, threads)
 
     @property
     def label(self) -> str:
@@ -57,21 +57,20 @@ def candidates() -> list[Candidate]:
     # TMA copies trailed cp.async at every decode shape (results/gemm_tiles_skinny_*), so the
     # sweep varies how a split k is summed: a second kernel or the fixup (the last block). A
     # cluster sum trailed both (results/gemm_tiles_skinny_split_sum_*, commit e577926).
-    skinny = [(bn, bk, bps, how, 0, 0, "mma") for bn in (64, 128) for bk in (64, 128)
+    skinny = [(bn, bk, bps, how, 0, 0) for bn in (64, 128) for bk in (64, 128)
               for bps in (1, 2, 4) for how in ("kernel", "fixup")]  # fmt: skip
     # One kernel, no split of k (no partials, no second launch): narrow columns fill the grid.
-    skinny += [(32, bk, 0.5, "kernel", 0, 0, "mma") for bk in (64, 128)]
+    skinny += [(32, bk, 0.5, "kernel", 0, 0) for bk in (64, 128)]
     # Deeper pipelines than the shared-memory rule's cap (0: the rule's): more weight in flight.
-    skinny += [(64, 64, bps, how, s, 0, "mma") for bps in (1, 2) for how in ("kernel", "fixup")
+    skinny += [(64, 64, bps, how, s, 0) for bps in (1, 2) for how in ("kernel", "fixup")
                for s in (6, 8, 12) if bps * s <= 16]  # fmt: skip
+    # TileLang's Hopper path (TMA copies, wgmma, a producer warpgroup) trailed cp.async and
+    # mma.sync at every decode shape: 53 against 56% of copy at 64x4096x4096 (results/
+    # gemm_tiles_skinny_wgmma_clean_l2_nvidia_h200.md, the option of commit d0f5262).
     # Twice the warps (0: SKINNY_THREADS): more mma issue for a 64-row tile. Slower at every
     # decode shape, 43-55% of copy against 52-55 at 64x4096x4096 (results/
     # gemm_tiles_skinny_threads_clean_l2_nvidia_h200.md).
-    skinny += [(bn, 64, bps, "kernel", 0, 256, "mma") for bn in (64, 128) for bps in (1, 2)]
-    # TMA copies and wgmma with a producer warpgroup (TileLang's Hopper lowering), for the
-    # 64-row tile wgmma takes.
-    skinny += [(bn, bk, bps, "kernel", 0, 0, "wgmma") for bn in (64, 128) for bk in (64, 128)
-               for bps in (1, 2)]  # fmt: skip
+    skinny += [(bn, 64, bps, "kernel", 0, 256) for bn in (64, 128) for bps in (1, 2)]
     return [Candidate("hopper", shape, h) for shape in SQUARE for h in hopper] + [
         Candidate("skinny", shape, k) for shape in SKINNY for k in skinny
     ]
@@ -97,16 +96,14 @@ def build(candidate: Candidate) -> Any:
         program = build_program(name, lambda: gemm.gemm_program(call, tile, tma=True), 90,
                                  features="a")  # fmt: skip
         return gemm.GemmHopper(call, [program])
-    bn, bk, bps, how, stages, threads, path = candidate.settings
+    bn, bk, bps, how, stages, threads = candidate.settings
     plan = replace(gemm.skinny_plan(call, bn, bk, bps), fixup=how == "fixup")
     if stages:
         plan = replace(plan, tile=replace(plan.tile, stages=stages))
     if threads:
         plan = replace(plan, tile=replace(plan.tile, threads=threads))
-    hopper = path == "wgmma"
-    options = {"features": "a"} if hopper else {"pass_configs": gemm.MMA_SYNC_ONLY}
-    programs = [build_program(f"{name}/0", lambda: gemm.skinny_program(call, plan, hopper), 90,
-                              **options)]  # fmt: skip
+    programs = [build_program(f"{name}/0", lambda: gemm.skinny_program(call, plan), 90,
+                              pass_configs=gemm.MMA_SYNC_ONLY)]  # fmt: skip
     if plan.splits > 1 and not plan.fixup:
         programs.append(build_program(f"{name}/1", lambda: gemm.reduce_program(call, plan), 90))
     kernel = gemm.GemmSkinny(call, programs)
@@ -189,10 +186,9 @@ def main() -> None:
              f"{torch.__version__}, bfloat16; medians of do_bench (L2 cleared), best of "
              f"{args.rounds}. Hopper settings: block_m block_n block_k stages policy "
              "epilogue; skinny: block_n block_k blocks-per-SM split-sum stages threads (0: "
-             "the rule's) path (mma: cp.async and mma.sync; wgmma: TMA and wgmma). Skinny "
-             "candidates are timed as GPU kernel time (profiler, the L2 cleared by a 256 MB "
-             f"{args.clear}): decode kernels are shorter than their launch path, which "
-             "do_bench would time."]  # fmt: skip
+             "the rule's). Skinny candidates are timed as GPU kernel time (profiler, the L2 "
+             f"cleared by a 256 MB {args.clear}): decode kernels are shorter than their "
+             "launch path, which do_bench would time."]  # fmt: skip
     for shape in dict.fromkeys(c.shape for c in todo):
         group = [c for c in todo if c.shape == shape]
         lines += measure(shape, group, errors, args.rounds, args.clear)

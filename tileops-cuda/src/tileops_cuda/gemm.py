@@ -60,8 +60,9 @@ SWIZZLE_PANEL = 8
 # (results/gemm_tiles_persistent_stages_nvidia_h200.md). From kernel times after a read-only L2
 # clearing the rule reaches 72-73% of copy at m = 1 and 16 (n = k = 4096) and 97% at m = 1
 # (8192); no alternative beat it: summing the splits in a cluster (57% at m = 1, 4096), 256
-# threads (67%), or a CUDA-core GEMV for m <= 8 (71% at m = 1, commit b13531a)
-# (results/gemm_tiles_skinny_split_sum_*, gemm_tiles_skinny_threads_clean_l2_*, gemm_tiles_gemv_*).
+# threads (67%), TMA copies with wgmma (53-64%), or a CUDA-core GEMV for m <= 8 (71% at m = 1,
+# commit b13531a) (results/gemm_tiles_skinny_split_sum_*, gemm_tiles_skinny_threads_clean_l2_*,
+# gemm_tiles_skinny_wgmma_clean_l2_*, gemm_tiles_gemv_*).
 SKINNY_BLOCKS_PER_SM = 1
 MIN_K_TILES_PER_SPLIT = 4
 # Up to this m a split k is summed by the fixup (SkinnyPlan.fixup): at m = 1 it beat the
@@ -411,11 +412,10 @@ def gemm_program(call: GemmCall, tile: Tile, tma: bool) -> Any:
     return tiles.prim_func(main, dtype, A=(m, k), B=(k, n), C=(m, n))
 
 
-def skinny_program(call: GemmCall, plan: SkinnyPlan, tma: bool = False) -> Any:
+def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
     """Block (column tile, split) multiplies all m rows (one row tile) by its slice of k.
     Split: float32 partials into P[split * block_m + row, col]; unsplit: straight into C.
-    Copies are cp.async: TMA copies trailed them at every decode shape on the H200. `tma`
-    (sweep only): TileLang picks the copies and the product (TMA and wgmma on sm_90a)."""
+    Copies are cp.async: TMA copies trailed them at every decode shape on the H200."""
     import tilelang.language as T
 
     from . import tiles
@@ -424,7 +424,6 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan, tma: bool = False) -> Any:
     tile, per_split = plan.tile, plan.k_tiles
     bm, bn, bk = tile.block_m, tile.block_n, tile.block_k
     split_k = plan.splits > 1
-    hints = None if tma else NO_TMA
     m = T.dynamic("m")
 
     @T.macro
@@ -458,8 +457,8 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan, tma: bool = False) -> Any:
             acc = T.alloc_fragment((bm, bn), "float32")
             T.clear(acc)
             for kk in T.Pipelined(per_split, num_stages=tile.stages):
-                T.copy(A[0, (split * per_split + kk) * bk], a_tile, annotations=hints)
-                T.copy(B[(split * per_split + kk) * bk, bx * bn], b_tile, annotations=hints)
+                T.copy(A[0, (split * per_split + kk) * bk], a_tile, annotations=NO_TMA)
+                T.copy(B[(split * per_split + kk) * bk, bx * bn], b_tile, annotations=NO_TMA)
                 T.gemm(a_tile, b_tile, acc)
             if split_k:
                 T.copy(acc, C[split * bm, bx * bn])
