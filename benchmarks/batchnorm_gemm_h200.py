@@ -257,10 +257,9 @@ def weight_read_from_kernel_times(row: Row, contenders: dict, weight_bytes: int)
     Each figure comes twice: the L2 cleared by writing a 256 MB buffer (do_bench's way), which
     leaves the L2 full of dirty lines that a read-only kernel writes back as it evicts them,
     and (`clean L2`) by reading one, as after a decode step's small activation writes."""
-    src = torch.empty(weight_bytes // 2, dtype=torch.int16, device="cuda")
-    dst = torch.empty_like(src)
+    copy = copy_moving(2 * weight_bytes)  # the weight's bytes read and as many written
     for clear, suffix in (("write", ""), ("read", " (clean L2)")):
-        copy_us = kernel_us(lambda: dst.copy_(src), clear=clear)
+        copy_us = kernel_us(copy, clear=clear)
         for name, fn in contenders.items():
             row.score[f"{name} weight %{suffix}"] = 100 * copy_us / (2 * kernel_us(fn, clear=clear))
 

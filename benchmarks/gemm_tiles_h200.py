@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from batchnorm_gemm_h200 import bench, kernel_us
+from batchnorm_gemm_h200 import bench, copy_moving, kernel_us
 from provenance import git_commit
 
 SQUARE = [(4096, 4096, 4096), (8192, 8192, 8192)]
@@ -131,7 +131,8 @@ def measure(
         timer = lambda fn: kernel_us(fn, clear=clear) / 1000  # noqa: E731
     else:
         timer = lambda fn: bench(fn, rounds)  # noqa: E731
-    weight_gbps = 0.0 if kind == "hopper" else k * n * 2 * 2 / timer(copy_of(k * n * 2)) / 1e6
+    moved = 2 * k * n * 2  # the weight's bytes read and as many written
+    weight_gbps = 0.0 if kind == "hopper" else moved / timer(copy_moving(moved)) / 1e6
 
     def score(ms: float) -> str:
         if weight_gbps:
@@ -153,12 +154,6 @@ def measure(
         lines.append(f"| {candidate.label} | {cells} |")
         print(lines[-1], flush=True)
     return lines
-
-
-def copy_of(nbytes: int) -> Any:
-    src = torch.empty(nbytes // 2, dtype=torch.int16, device="cuda")
-    dst = torch.empty_like(src)
-    return lambda: dst.copy_(src)
 
 
 def main() -> None:

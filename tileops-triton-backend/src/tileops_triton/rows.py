@@ -38,10 +38,14 @@ points, where Liger reached LayerNorm 0.62 / 0.23 and RMSNorm 0.96 / 0.83 at 16K
 | 16384 | 0.93 (8 w, 80 regs) / 0.88      | 0.96 (8 w, 80 regs) / 0.92      |
 | 32768 | 0.84 (32 w, 32 regs) / 0.75     | 0.96 (32 w, 32 regs) / 0.88     |
 
-A held softmax with its max and its sum as two reductions gained nothing (0.92 / 0.92 at 16K,
-0.74 / 0.76 at 32K, the earlier run). Merging (max, sum) pairs in one reduction
-(_softmax_kernels.softmax_held) wins at 32K only: 0.78 / 0.75 and 0.77 / 0.75 (32 w, 32 regs
-against fused 32 warps) in two runs of 2026-11-30, while at 16K it trailed (0.85 / 0.92).
+The held LayerNorm now sums (d, d^2) in one reduction; rerun on 2026-11-30
+(row_plans_triton_held_one_reduction_nvidia_h200.md): 0.92 / 0.88 at 16K, 0.80 / 0.77 at 32K,
+within this sweep's run-to-run spread of the table. A held softmax with its max and its sum as two
+reductions gained nothing (0.92 / 0.92 at 16K, 0.74 / 0.76 at 32K, the earlier run). Merging
+(max, sum) pairs in one reduction (_softmax_kernels.softmax_held) wins at 32K only: 0.78 / 0.75
+and 0.77 / 0.75 (32 w, 32 regs against fused 32 warps) in two runs of 2026-11-30
+(row_plans_triton_held_one_reduction_*, row_plans_triton_softmax_held_32k_*), while at 16K it
+trailed (0.85 / 0.92).
 """
 
 from __future__ import annotations
