@@ -127,10 +127,11 @@ def measure(
     b = torch.randn(k, n, device="cuda", dtype=DTYPE)
     want = a.float() @ b.float()
     kind = group[0].kind
-    if kind == "skinny":  # ~10 us kernels, shorter than their launch path (do_bench's time)
-        timer = lambda fn: kernel_us(fn, clear=clear) / 1000  # noqa: E731
-    else:
-        timer = lambda fn: bench(fn, rounds)  # noqa: E731
+
+    def timer(fn: Any) -> float:
+        """ms per call; skinny kernels (~10 us) by GPU time: do_bench would time their launch."""
+        return kernel_us(fn, clear=clear) / 1000 if kind == "skinny" else bench(fn, rounds)
+
     moved = 2 * k * n * 2  # the weight's bytes read and as many written
     weight_gbps = 0.0 if kind == "hopper" else moved / timer(copy_moving(moved)) / 1e6
 

@@ -253,7 +253,7 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
                             Y[row, col + v] = (t[v] - mean) * rstd
 
     rows, vector = (m, n), (n,)
-    if cluster > 1 and not plan.dsmem:
+    if plan.global_partials:
         return _cluster_norm_func(body, dtype, pdtype, rows, vector, (m, cluster, 2), has_weight,
                                   has_bias)  # fmt: skip
     if has_weight and has_bias:

@@ -172,6 +172,12 @@ class RowPlan:
         """Elements the layout covers: n rounded up to whole chunks."""
         return self.slice * self.cluster
 
+    @property
+    def global_partials(self) -> bool:
+        """Whether the cluster's partial statistics meet in a global (rows, cluster, 2)
+        workspace, the program's parameter before Y: clusters without `dsmem`."""
+        return self.cluster > 1 and not self.dsmem
+
 
 def _pow2_ceil(value: int) -> int:
     return 1 << max(value - 1, 0).bit_length()
@@ -348,10 +354,10 @@ class RowKernel(Kernel):
     def workspace(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The cluster's exchange of partial statistics, (rows, cluster, 2) float32; none
         without a cluster or with RowPlan.dsmem."""
-        cluster = self.plan.cluster
-        if cluster == 1 or self.plan.dsmem:
+        if not self.plan.global_partials:
             return ()
-        return (torch.empty((x.shape[0], cluster, 2), dtype=torch.float32, device=x.device),)
+        shape = (x.shape[0], self.plan.cluster, 2)
+        return (torch.empty(shape, dtype=torch.float32, device=x.device),)
 
 
 # -- regions: each layout's declarations, shared by every family --------------------------------

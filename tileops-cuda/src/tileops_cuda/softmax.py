@@ -190,7 +190,7 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
                             Y[row, col + v] = tiles.exp_from(t[v], peak) * scale
 
     rows = (m, n)
-    if cluster > 1 and not plan.dsmem:
+    if plan.global_partials:
 
         def main(X, S, Y):
             body(X, S, Y)
