@@ -222,19 +222,25 @@ def triton_kernel(op: str, plan: Any) -> Callable[..., torch.Tensor]:
     return run
 
 
-def prebuild(job: Job) -> list[str]:
-    """Compile every candidate of one case (in a worker: fills TileLang's and Triton's disk
-    caches; Triton compiles at a first launch, on one row). Returns the errors by candidate."""
+def labels(job: Job) -> list[tuple[Job, str]]:
+    """(job, label) for each of the job's candidates: the unit of the parallel prebuild."""
+    _, _, call, _ = _setup(job, 1)
+    return [(job, label) for label, _ in candidates(job, call)]
+
+
+def prebuild(job_label: tuple[Job, str]) -> str | None:
+    """Compile one candidate (in a worker: fills TileLang's and Triton's disk caches; Triton
+    compiles at a first launch, on one row). Returns its error, if it fails."""
+    job, label = job_label
     args, _, call, _ = _setup(job, 1)
-    errors = []
-    for label, make in candidates(job, call):
-        try:
-            kernel = make()
-            if job[0] == "triton":
-                kernel(*args)
-        except Exception as error:  # a plan that cannot be lowered is reported, not fatal
-            errors.append(f"{label}: {type(error).__name__}: {str(error).splitlines()[0][:160]}")
-    return errors
+    make = dict(candidates(job, call))[label]
+    try:
+        kernel = make()
+        if job[0] == "triton":
+            kernel(*args)
+    except Exception as error:  # a plan that cannot be lowered is reported, not fatal
+        return f"{label}: {type(error).__name__}: {str(error).splitlines()[0][:160]}"
+    return None
 
 
 def measure(job: Job, rounds: int) -> list[str]:
@@ -277,9 +283,11 @@ def main() -> None:
     layouts, ops, dtypes = args.layouts.split(","), args.ops.split(","), args.dtypes.split(",")
     todo = [(lay, op, dt, n) for lay in layouts for dt in dtypes for op in ops for n in sizes]
     context = multiprocessing.get_context("spawn")
+    units = [unit for job in todo for unit in labels(job)]
     with concurrent.futures.ProcessPoolExecutor(args.workers, mp_context=context) as pool:
-        for errors in pool.map(prebuild, todo):
-            print(*errors, sep="\n")
+        for error in pool.map(prebuild, units):
+            if error:
+                print(error)
     device = torch.cuda.get_device_name()
     lines = [f"# Row plan sweep on {device}\n",
              f"{datetime.date.today()}, commit {git_commit()}, torch "
