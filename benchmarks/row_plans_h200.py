@@ -165,9 +165,8 @@ def plan_label(plan: Any, itemsize: int) -> str:
     scaled = ", scaled exp" if plan.scaled_exp else ""
     dsmem = ", DSMEM" if plan.dsmem else ""
     stack = f", {plan.stack} rows" if plan.stack > 1 else ""
-    kept = plan.stack * plan.slice * itemsize // 1024
-    return (f"{plan.lanes} threads, cluster {plan.cluster}, {kept} KB per block, "
-            f"{plan.blocks_per_sm}/SM{one_pass}{bulk}{scaled}{dsmem}{stack}")  # fmt: skip
+    return (f"{plan.lanes} threads, cluster {plan.cluster}, {plan.stack * plan.slice * itemsize // 1024} KB "
+            f"per block, {plan.blocks_per_sm}/SM{one_pass}{bulk}{scaled}{dsmem}{stack}")  # fmt: skip
 
 
 def triton_plans(op: str, call: Any) -> list[Any]:
