@@ -94,7 +94,7 @@ def program(kind, n, dtype, cluster, threads, grid, stages, blocks_per_sm):
                 mean = T.alloc_var("float32", init=0.0)
                 var = T.alloc_var("float32", init=0.0)
                 if kind == "rms":
-                    tiles.share_partials(S, row, part, [(total, 0.0)])
+                    tiles.share_partials(S, row, part, total, 0.0)
                     var = tiles.merged_mean(S, row, cluster, n)
                 else:
                     s2 = T.alloc_var("float32", init=0.0)
@@ -104,7 +104,7 @@ def program(kind, n, dtype, cluster, threads, grid, stages, blocks_per_sm):
                         for v in T.unroll(vec):
                             s2 += (t[v] - total / size) * (t[v] - total / size)
                     spread = tiles.reduce_group(s2, "sum", plan, scratch, 1, tx)
-                    tiles.share_partials(S, row, part, [(total, spread)])
+                    tiles.share_partials(S, row, part, total, spread)
                     mean = tiles.merged_mean(S, row, cluster, n)
                     var = tiles.merged_var(S, row, cluster, n, mean, lambda p: T.float32(size))
                 rstd = T.rsqrt(var + EPS)

@@ -68,22 +68,7 @@ def plans(layout: str, op: str, call: Any) -> list[Any]:
         found += [dataclasses.replace(p, scaled_exp=True) for p in found]
     if layout == "cluster_row":
         found += [dataclasses.replace(p, dsmem=True) for p in found]
-    if op != "softmax":
-        found += stacked_plans(found, call)
     return found
-
-
-def stacked_plans(found: list[Any], call: Any) -> list[Any]:
-    """The norms' shared-memory candidates also with two rows per block (`RowPlan.stack`,
-    one read of the parameters for both) where their slices fit the budget twice; TMA-loaded
-    slices bring one row only."""
-    import dataclasses
-
-    from tileops_cuda import rows
-
-    twice = [dataclasses.replace(p, stack=2) for p in found if p.hold == "shared" and not p.bulk]
-    return [rows.with_occupancy(p, call) for p in twice
-            if rows.plan_smem_bytes(p, call.dtype) <= call.smem_budget]  # fmt: skip
 
 
 def block_plans(layout: str, call: Any) -> list[Any]:
@@ -164,9 +149,8 @@ def plan_label(plan: Any, itemsize: int) -> str:
     bulk = ", TMA" if plan.bulk else ""
     scaled = ", scaled exp" if plan.scaled_exp else ""
     dsmem = ", DSMEM" if plan.dsmem else ""
-    stack = f", {plan.stack} rows" if plan.stack > 1 else ""
-    return (f"{plan.lanes} threads, cluster {plan.cluster}, {plan.stack * plan.slice * itemsize // 1024} KB "
-            f"per block, {plan.blocks_per_sm}/SM{one_pass}{bulk}{scaled}{dsmem}{stack}")  # fmt: skip
+    return (f"{plan.lanes} threads, cluster {plan.cluster}, {plan.slice * itemsize // 1024} KB "
+            f"per block, {plan.blocks_per_sm}/SM{one_pass}{bulk}{scaled}{dsmem}")  # fmt: skip
 
 
 def triton_plans(op: str, call: Any) -> list[Any]:

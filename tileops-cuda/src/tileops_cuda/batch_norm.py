@@ -652,7 +652,7 @@ def _held_channel_body(shape: _Shape, batch: int, plan: RowPlan):
             mean = T.alloc_var("float32", init=part_mean)
             var = T.alloc_var("float32", init=part_m2 / count)
             if cluster > 1:
-                tiles.share_partials(S, c, part, [(part_total, part_m2)])
+                tiles.share_partials(S, c, part, part_total, part_m2)
                 mean = tiles.merged_mean(S, c, cluster, count)
                 var = tiles.merged_var(S, c, cluster, count, mean, part_values)
             scale = T.rsqrt(var + shape.eps)

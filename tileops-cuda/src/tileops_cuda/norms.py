@@ -156,33 +156,24 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
     def slice_values(part):
         return T.Cast("float32", T.min(T.max(n - part * size, 0), size))
 
-    stacked = list(range(plan.stack))  # the block's rows, first + r (RowPlan.stack)
-
-    def affine(value, weight, bias, i):
-        """The normalized value through the op's weight and bias (their element i)."""
-        if has_weight:
-            value = value * weight[i]
-        if has_bias:
-            value = value + bias[i]
-        return value
-
     @T.macro
     def body(X, W, B, S, Y):
         with tiles.launch(plan, m) as bx:
             T.annotate_min_blocks_per_sm(plan.blocks_per_sm)
-            P = tiles.cluster_partials(cluster, plan.stack) if plan.dsmem else None
+            P = tiles.cluster_partials(cluster) if plan.dsmem else None
             tx = T.get_thread_binding()
             lane = tx % lanes
-            first = ((bx // cluster) * plan.rows + tx // lanes) * plan.stack  # block's first row
+            row = (bx // cluster) * plan.rows + tx // lanes
             part = bx % cluster
+            S, at = tiles.partials_at(plan, S, P, row)  # S[at]: the cluster's partials
             base = part * size  # where this block's slice starts (0 without a cluster)
-            held = T.min(T.max(n - base, 0), size)  # elements of a row in this block
+            held = T.min(T.max(n - base, 0), size)  # elements of the row in this block
             store = tiles.row_store(plan, dtype)
-            tiles.bulk_load(X, store, plan, first, base)
-            scratch = T.alloc_shared((2 * plan.stack, tiles.warps(plan)), "float32")
+            tiles.bulk_load(X, store, plan, row, base)
+            scratch = T.alloc_shared((2, tiles.warps(plan)), "float32")
             t = T.alloc_local((vec,), "float32")
-            s1 = T.alloc_local((plan.stack,), "float32")
-            s2 = T.alloc_local((plan.stack,), "float32")
+            s1 = T.alloc_var("float32", init=0.0)
+            s2 = T.alloc_var("float32", init=0.0)
             # Shifted sums keep E[x^2] - E[x]^2 from cancelling: each lane sums x - own, its
             # own first element, so an outlier cancels against that lane's few values only (one
             # shift for the whole row, x[0] = 1000 among unit values lost 0.5% of a 64K row's
@@ -192,105 +183,74 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
             # TileLang 0.1.15's StorageRewrite fail for some lengths, n = 32768, 49152, ... in
             # float32), and `own` comes from the lane's first load: no extra read ahead of the
             # loop's loads.
-            shift = T.alloc_local((plan.stack,), "float32")
-            own = T.alloc_local((plan.stack,), "float32")
-            for r in stacked:
-                s1[r] = 0.0
-                s2[r] = 0.0
-                shift[r] = 0.0
-                own[r] = 0.0
-            counted = T.alloc_var("float32", init=0.0)  # elements this lane summed, per row
-            if shifted:
+            shift = T.alloc_var("float32", init=0.0)
+            own = T.alloc_var("float32", init=0.0)
+            counted = T.alloc_var("float32", init=0.0)  # elements this lane summed
+            if shifted and row < m:
                 head = T.alloc_local((vec,), "float32")
-                for r in stacked:
-                    if first + r < m:
-                        tiles.reload(X, store, first_vector, first + r, 0, 0, head)
-                        shift[r] = head[0]
+                tiles.reload(X, store, first_vector, row, 0, 0, head)
+                shift = head[0]
             for k in tiles.chunk_loop(plan):
-                if exact or base + (k * lanes + lane) * vec < n:
+                if row < m and (exact or base + (k * lanes + lane) * vec < n):
+                    tiles.load(X, store, plan, row, lane, k, t, base)
+                    if shifted and k == 0:
+                        own = t[0]
                     counted += vec
-                    for r in stacked:
-                        if first + r < m:
-                            tiles.load(X, store, plan, first + r, lane, k, t, base, r)
-                            if shifted and k == 0:
-                                own[r] = t[0]
-                            for v in T.unroll(vec):
-                                if kind == "rms":
-                                    s1[r] += t[v] * t[v]
-                                else:
-                                    s1[r] += t[v] - own[r]
-                                    s2[r] += (t[v] - own[r]) * (t[v] - own[r])
-            # Per row: the block's sum of squares (rms), or its (sum, M2) of its slice.
-            total = T.alloc_local((plan.stack,), "float32")
-            spread = T.alloc_local((plan.stack,), "float32")
-            mean = T.alloc_local((plan.stack,), "float32")
-            rstd = T.alloc_local((plan.stack,), "float32")
-            for r in stacked:
-                total[r] = 0.0
-                spread[r] = 0.0
-                mean[r] = 0.0
-                if kind == "rms":
-                    total[r] = tiles.reduce_group(s1[r], "sum", plan, scratch, 2 * r, lane)
-                elif shifted:  # Chan's merge of the lanes' (count, mean - shift, M2)
+                    for v in T.unroll(vec):
+                        if kind == "rms":
+                            s1 += t[v] * t[v]
+                        else:
+                            s1 += t[v] - own
+                            s2 += (t[v] - own) * (t[v] - own)
+            mean = T.alloc_var("float32", init=0.0)
+            var = T.alloc_var("float32", init=0.0)
+            if kind == "rms" and cluster > 1:
+                squares = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
+                tiles.publish_partials(plan, S, P, row, part, squares, 0.0)
+                var = tiles.merged_mean(S, at, cluster, n)  # the slices' sums of squares
+            elif kind == "rms":
+                var = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane) / n
+            else:  # the block's (sum, M2) of its slice
+                total = T.alloc_var("float32", init=0.0)
+                spread = T.alloc_var("float32", init=0.0)
+                if shifted:  # Chan's merge of the lanes' (count, mean - shift, M2)
                     lane_count = T.max(counted, 1.0)
-                    offset = own[r] - shift[r]
-                    local_sum = counted * offset + s1[r]
-                    total[r] = tiles.reduce_group(local_sum, "sum", plan, scratch, 2 * r, lane)
-                    mean[r] = total[r] / T.Cast("float32", T.max(held, 1))
-                    lane_gap = offset + s1[r] / lane_count - mean[r]
-                    lane_m2 = s2[r] - s1[r] * s1[r] / lane_count + counted * lane_gap * lane_gap
-                    spread[r] = tiles.reduce_group(lane_m2, "sum", plan, scratch, 2 * r + 1, lane)
+                    offset = own - shift
+                    total = tiles.reduce_group(counted * offset + s1, "sum", plan, scratch, 0, lane)
+                    mean = total / T.Cast("float32", T.max(held, 1))
+                    lane_gap = offset + s1 / lane_count - mean
+                    lane_m2 = s2 - s1 * s1 / lane_count + counted * lane_gap * lane_gap
+                    spread = tiles.reduce_group(lane_m2, "sum", plan, scratch, 1, lane)
                 else:  # the mean, then squared deviations from it
-                    total[r] = tiles.reduce_group(s1[r], "sum", plan, scratch, 2 * r, lane)
-                    mean[r] = total[r] / T.Cast("float32", T.max(held, 1))
-                    s2[r] = 0.0
+                    total = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
+                    mean = total / T.Cast("float32", T.max(held, 1))
+                    s2 = 0.0
                     for k in tiles.chunk_loop(plan):
-                        if first + r < m and (exact or base + (k * lanes + lane) * vec < n):
-                            tiles.reload(X, store, plan, first + r, lane, k, t, base, r)
+                        if row < m and (exact or base + (k * lanes + lane) * vec < n):
+                            tiles.reload(X, store, plan, row, lane, k, t, base)
                             for v in T.unroll(vec):
-                                s2[r] += (t[v] - mean[r]) * (t[v] - mean[r])
-                    spread[r] = tiles.reduce_group(s2[r], "sum", plan, scratch, 2 * r + 1, lane)
-            if cluster > 1:
-                pairs = [(total[r], spread[r]) for r in stacked]
-                tiles.publish_partials(plan, S, P, first, part, pairs, m)
-            for r in stacked:
-                var = T.alloc_var("float32", init=0.0)
-                if cluster > 1:
-                    S, at = tiles.partials_at(plan, S, P, first, r)  # S[at]: row r's partials
-                    if kind == "rms":
-                        var = tiles.merged_mean(S, at, cluster, n)  # slices' sums of squares
-                    else:  # Chan's merge of the slices' (count, mean, M2)
-                        mean[r] = tiles.merged_mean(S, at, cluster, n)
-                        var = tiles.merged_var(S, at, cluster, n, mean[r], slice_values)
-                elif kind == "rms":
-                    var = total[r] / n
-                else:
-                    var = spread[r] / n
-                mean[r] = shift[r] + mean[r]  # shifted sums' mean is relative to the row's head
-                rstd[r] = T.rsqrt(var + eps)
-            # Stacked rows read each weight and bias vector once, into registers (a store to Y
-            # could alias W, so the compiler would read it again for every row).
-            kept = plan.stack > 1
-            Wk = T.alloc_local((vec,), pdtype) if kept and has_weight else None
-            Bk = T.alloc_local((vec,), pdtype) if kept and has_bias else None
+                                s2 += (t[v] - mean) * (t[v] - mean)
+                    spread = tiles.reduce_group(s2, "sum", plan, scratch, 1, lane)
+                var = spread / n
+                if cluster > 1:  # Chan's merge of the slices' (count, mean, M2)
+                    tiles.publish_partials(plan, S, P, row, part, total, spread)
+                    mean = tiles.merged_mean(S, at, cluster, n)
+                    var = tiles.merged_var(S, at, cluster, n, mean, slice_values)
+                mean = shift + mean  # shifted sums' mean is relative to the row's first element
+            rstd = T.rsqrt(var + eps)
             for k in tiles.chunk_loop(plan):
                 col = base + (k * lanes + lane) * vec
-                if exact or col < n:
-                    if kept and has_weight:
-                        for v in T.vectorized(vec):
-                            Wk[v] = W[col + v]
-                    if kept and has_bias:
-                        for v in T.vectorized(vec):
-                            Bk[v] = B[col + v]
-                    for r in stacked:
-                        if first + r < m:
-                            tiles.reload(X, store, plan, first + r, lane, k, t, base, r)
-                            for v in T.vectorized(vec):
-                                centered = (t[v] - mean[r]) * rstd[r]
-                                if kept:
-                                    Y[first + r, col + v] = affine(centered, Wk, Bk, v)
-                                else:
-                                    Y[first + r, col + v] = affine(centered, W, B, col + v)
+                if row < m and (exact or col < n):
+                    tiles.reload(X, store, plan, row, lane, k, t, base)
+                    for v in T.vectorized(vec):
+                        if has_weight and has_bias:
+                            Y[row, col + v] = (t[v] - mean) * rstd * W[col + v] + B[col + v]
+                        elif has_weight:
+                            Y[row, col + v] = (t[v] - mean) * rstd * W[col + v]
+                        elif has_bias:
+                            Y[row, col + v] = (t[v] - mean) * rstd + B[col + v]
+                        else:
+                            Y[row, col + v] = (t[v] - mean) * rstd
 
     rows, vector = (m, n), (n,)
     if plan.global_partials:

@@ -144,9 +144,7 @@ class RowPlan:
     held rows): each exponential is one fused multiply-add from the max in log2 units (tiles.
     exp_below) instead of a subtract and a multiply; 16-bit rows in shared memory take it.
     `dsmem` (cluster_row): the blocks write their partial statistics into each other's shared
-    memory (tiles.exchange_partials) instead of the global workspace (DSMEM_CLUSTER_MAX).
-    `stack` (shared-memory plans): each block keeps the same slice of `stack` consecutive rows,
-    so its lanes read a weight or bias vector once for all of them."""
+    memory (tiles.exchange_partials) instead of the global workspace (DSMEM_CLUSTER_MAX)."""
 
     hold: str
     rows: int
@@ -159,7 +157,6 @@ class RowPlan:
     bulk: bool = False
     scaled_exp: bool = False
     dsmem: bool = False
-    stack: int = 1
 
     @property
     def threads(self) -> int:
@@ -277,8 +274,8 @@ def with_occupancy(plan: RowPlan, call: Any) -> RowPlan:
 
 
 def plan_smem_bytes(plan: RowPlan, dtype: torch.dtype) -> int:
-    """Shared memory a block of a shared-memory plan needs: its slices and the reductions'."""
-    return plan.stack * plan.slice * ITEMSIZE[dtype] + REDUCE_SCRATCH_BYTES
+    """Shared memory a block of a shared-memory plan needs: its slice and the reductions'."""
+    return plan.slice * ITEMSIZE[dtype] + REDUCE_SCRATCH_BYTES
 
 
 def smem_bytes(n: int, dtype: torch.dtype) -> int:

@@ -159,7 +159,7 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
             peak = row_max
             scale = tiles.reduce_group(total, "sum", plan, scratch, 1, lane)
             if cluster > 1:  # the slices' sums, each rescaled to the row's max
-                tiles.publish_partials(plan, S, P, row, part, [(peak, scale)], m)
+                tiles.publish_partials(plan, S, P, row, part, peak, scale)
                 peak = S[at, 0, 0]
                 for p in T.unroll(1, cluster):
                     peak = T.max(peak, S[at, p, 0])

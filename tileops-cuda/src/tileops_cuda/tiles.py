@@ -60,63 +60,55 @@ def _reduce_group(value, is_max: bool, offsets: list, nwarps: int, scratch, slot
 
 
 @T.macro
-def share_partials(S, row, part, pairs: list, m=None):
-    """cluster_row: block `part` publishes the two partial statistics of each of its rows
-    (`pairs`, one per stacked row from `row`) in S[row + r, part], then waits at the cluster
-    barrier until every block of the cluster has published its own. A block's first row is
-    always one of the m; a stacked one past them is skipped."""
+def share_partials(S, row, part, first, second):
+    """cluster_row: block `part` of `row` publishes its two partial statistics in S[row, part],
+    then waits at the cluster barrier until every block of the cluster has published its own."""
     if T.get_thread_binding() == 0:
-        for r, (first, second) in enumerate(pairs):
-            if r == 0 or row + r < m:
-                S[row + r, part, 0] = first
-                S[row + r, part, 1] = second
+        S[row, part, 0] = first
+        S[row, part, 1] = second
     T.cluster_sync()
 
 
 @T.macro
-def cluster_partials(parts: int, stack: int = 1):
+def cluster_partials(parts: int):
     """RowPlan.dsmem, at launch: the cluster's partial statistics in this block's shared memory,
-    P[r, part] for each block `part` and stacked row r (exchange_partials fills it). Every
-    block announces that it runs (its shared memory may be written): the exchange waits for
-    that announcement instead of a full barrier."""
+    P[0, part] for each block `part` of the row (exchange_partials fills it). Every block
+    announces that it runs (its shared memory may be written): the exchange waits for that
+    announcement instead of a full barrier."""
     T.cluster_arrive_relaxed()
-    return T.alloc_shared((stack, parts, 2), "float32")
+    return T.alloc_shared((1, parts, 2), "float32")
 
 
 @T.macro
-def exchange_partials(P, part, pairs: list, parts: int):
-    """RowPlan.dsmem: block `part` writes the two partial statistics of each of its rows into
-    P[:, part] of every block of its cluster (distributed shared memory), then waits at the
-    cluster barrier until every block has written its own: no round trip to L2 after the
-    barrier, as share_partials' global workspace costs. Other blocks write P while this one
-    still reduces, so the program must be compiled without shared-memory reuse
-    (RowKernel.build)."""
-    mine = T.alloc_shared((len(pairs), 2), "float32")
+def exchange_partials(P, part, first, second, parts: int):
+    """RowPlan.dsmem: block `part` writes its two partial statistics into P[0, part] of every
+    block of its cluster (distributed shared memory), then waits at the cluster barrier until
+    every block has written its own: no round trip to L2 after the barrier, as share_partials'
+    global workspace costs. Other blocks write P while this one still reduces, so the program
+    must be compiled without shared-memory reuse (RowKernel.build)."""
+    mine = T.alloc_shared((2,), "float32")
     if T.get_thread_binding() == 0:
-        for r, (first, second) in enumerate(pairs):
-            mine[r, 0] = first
-            mine[r, 1] = second
+        mine[0] = first
+        mine[1] = second
     T.cluster_wait()  # every block of the cluster runs (cluster_partials' announcement)
     for r in T.serial(parts):
-        T.copy_cluster(mine, P[:, part, :], dst_block=r)
+        T.copy_cluster(mine, P[0, part, :], dst_block=r)
     T.cluster_sync()
 
 
-def partials_at(plan: RowPlan, S, P, row, r: int = 0):
-    """Where the cluster's partial statistics of the block's stacked row r are read: (buffer,
-    row index), S[row + r] in the global workspace or P[r] in the block's shared memory
-    (RowPlan.dsmem)."""
-    return (P, r) if plan.dsmem else (S, row + r)
+def partials_at(plan: RowPlan, S, P, row):
+    """Where a cluster's partial statistics are read: (buffer, row index), S[row] in the global
+    workspace or P[0] in the block's shared memory (RowPlan.dsmem)."""
+    return (P, 0) if plan.dsmem else (S, row)
 
 
 @T.macro
-def publish_partials(plan: RowPlan, S, P, row, part, pairs: list, m):
-    """share_partials or, with RowPlan.dsmem, exchange_partials: one (first, second) pair per
-    stacked row."""
+def publish_partials(plan: RowPlan, S, P, row, part, first, second):
+    """share_partials or, with RowPlan.dsmem, exchange_partials."""
     if plan.dsmem:
-        exchange_partials(P, part, pairs, plan.cluster)
+        exchange_partials(P, part, first, second, plan.cluster)
     else:
-        share_partials(S, row, part, pairs, m)
+        share_partials(S, row, part, first, second)
 
 
 @T.macro
@@ -145,14 +137,13 @@ def row_store(plan: RowPlan, dtype: str):
     if plan.hold == "registers":
         return T.alloc_local((plan.chunks * plan.vec,), "float32")
     if plan.hold == "shared":
-        return T.alloc_shared((plan.stack * plan.slice,), dtype)
+        return T.alloc_shared((plan.slice,), dtype)
     return None
 
 
 def launch(plan: RowPlan, m):
-    """The kernel over m rows: one block per plan.rows * plan.stack rows, times the cluster's
-    blocks."""
-    grid = T.ceildiv(m, plan.rows * plan.stack) * plan.cluster
+    """The kernel over m rows: one block per plan.rows rows, times the cluster's blocks."""
+    grid = T.ceildiv(m, plan.rows) * plan.cluster
     if plan.cluster == 1:
         return T.Kernel(grid, threads=plan.threads)
     return T.Kernel(grid, threads=plan.threads, cluster_dims=plan.cluster)
@@ -171,16 +162,15 @@ def bulk_load(X, store, plan: RowPlan, row, base):
 
 
 @T.macro
-def load(X, store, plan: RowPlan, row, lane, k, t, base=0, r: int = 0):
+def load(X, store, plan: RowPlan, row, lane, k, t, base=0):
     """First pass: the lane's k-th vector of `row` into float32 `t`, kept in `store`; `base`:
-    where the block's slice starts in the row (cluster_row); `r`: the row's place among the
-    block's stacked rows (RowPlan.stack). After bulk_load the slice is already in `store`."""
+    where the block's slice starts in the row (cluster_row). After bulk_load the slice is
+    already in `store`."""
     at = (k * plan.lanes + lane) * plan.vec
     col = base + at
     if plan.bulk:
         reload(X, store, plan, row, lane, k, t, base)
     elif plan.hold == "shared":
-        at = at + r * plan.slice
         for v in T.vectorized(plan.vec):
             store[at + v] = X[row, col + v]
         for v in T.vectorized(plan.vec):
@@ -194,14 +184,13 @@ def load(X, store, plan: RowPlan, row, lane, k, t, base=0, r: int = 0):
 
 
 @T.macro
-def reload(X, store, plan: RowPlan, row, lane, k, t, base=0, r: int = 0):
+def reload(X, store, plan: RowPlan, row, lane, k, t, base=0):
     """Later passes: the same vector again, from where `load` kept it (or from X)."""
     at = (k * plan.lanes + lane) * plan.vec
     if plan.hold == "registers":
         for v in T.vectorized(plan.vec):
             t[v] = store[k * plan.vec + v]
     elif plan.hold == "shared":
-        at = at + r * plan.slice
         for v in T.vectorized(plan.vec):
             t[v] = store[at + v]
     else:
