@@ -4,8 +4,8 @@ same-run copy of the op's bytes.
 
 The plan constants in `tileops_cuda.rows` are read off this table. cluster_row candidates split
 the row over clusters of 2, 4, 8 or (beyond the portable sizes) 16 blocks of 256 to 1024
-threads, each block keeping a 16-128 KB slice; block_row and smem_row candidates give the row
-128 to 1024 threads. LayerNorm's shared-memory candidates run with and without their
+threads, each block keeping a 16-128 KB slice; block_row, smem_row and stream_row candidates
+give the row 128 to 1024 threads. LayerNorm's shared-memory candidates run with and without their
 statistics gathered while the row loads (`RowPlan.one_pass`), on sm_90 every shared-memory
 candidate also with its slice brought by TMA (`RowPlan.bulk`), and softmax's also with scaled
 exponents (`RowPlan.scaled_exp`), and cluster_row's also with their partials exchanged in
@@ -13,9 +13,10 @@ shared memory (`RowPlan.dsmem`, "DSMEM"). Every candidate runs at the
 occupancy `with_occupancy` gives it; `--only REGEX` keeps the candidates whose label matches.
 The `triton` layout sweeps the Triton programs (`tileops_triton.rows`): the whole row in one
 block of 4 to 32 warps (bfloat16 rows also held as loaded, with capped registers), or
-looped over 2048- to 8192-element chunks with 8 or 16 warps.
+looped over 512- to 8192-element chunks with 4 to 16 warps.
 
-    python benchmarks/row_plans_h200.py [--layouts cluster_row,block_row,smem_row,triton]
+    python benchmarks/row_plans_h200.py
+        [--layouts cluster_row,block_row,smem_row,stream_row,triton]
         [--ops ...] [--dtypes bfloat16,float32] [--sizes 65536,131072,262144] [--workers 14]
         [--only REGEX] [--out DIR]
 
@@ -45,8 +46,8 @@ CLUSTER_SIZES = (2, 4, 8, 16)
 SLICE_BYTES_RANGE = (16 * 1024, 128 * 1024)
 BLOCK_THREADS = (128, 256, 512, 1024)
 REGISTER_VALUES_MAX = 64  # block_row candidates keep at most this many values per thread
-TRITON_WARPS = {"fused": (4, 8, 16, 32), "looped": (8, 16)}
-TRITON_CHUNKS = (2048, 4096, 8192)
+TRITON_WARPS = {"fused": (4, 8, 16, 32), "looped": (4, 8, 16)}
+TRITON_CHUNKS = (512, 1024, 2048, 4096, 8192)
 TRITON_FUSED_MAX = 65536
 
 
@@ -72,10 +73,11 @@ def plans(layout: str, op: str, call: Any) -> list[Any]:
 
 
 def block_plans(layout: str, call: Any) -> list[Any]:
-    """One block per row: 128 to 1024 threads."""
+    """One block per row: 128 to 1024 threads; stream_row's read the row twice at any length
+    (the second read mostly from L2)."""
     from tileops_cuda import rows
 
-    hold = "registers" if layout == "block_row" else "shared"
+    hold = {"block_row": "registers", "stream_row": "none"}.get(layout, "shared")
     vec = rows.vector_width(call.n, call.dtype)
     found = []
     for lanes in BLOCK_THREADS:
@@ -83,8 +85,10 @@ def block_plans(layout: str, call: Any) -> list[Any]:
         plan = rows.RowPlan(hold, 1, lanes, vec, chunks)
         if hold == "shared":
             fits = rows.plan_smem_bytes(plan, call.dtype) <= call.smem_budget
-        else:
+        elif hold == "registers":
             fits = chunks * vec <= REGISTER_VALUES_MAX
+        else:  # read twice, kept nowhere
+            fits = True
         if fits:
             found.append(rows.with_occupancy(plan, call))
     return found
