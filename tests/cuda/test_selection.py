@@ -107,24 +107,28 @@ def test_declarations():
 
 
 @pytest.mark.parametrize(
-    "layout,n,dtype,lanes,chunks",
+    "name,layout,n,dtype,lanes,chunks",
     [
-        ("block_row", 16384, torch.bfloat16, 256, 8),  # 8 vectors per lane, 2 blocks per SM
-        ("block_row", 16384, torch.float32, 512, 8),
-        ("block_row", 8192, torch.bfloat16, 256, 4),  # never fewer than 8 warps
-        ("block_row", 2048, torch.bfloat16, 256, 1),
-        ("block_row", 4096, torch.float32, 128, 8),  # 32-bit rows: as few as 4 warps
-        ("block_row", 2048, torch.float32, 128, 4),
-        ("block_row", 16383, torch.float16, 1024, 16),  # odd: 1-element vectors, 1024 lanes
-        ("smem_row", 32768, torch.bfloat16, 256, 16),  # 64 KB: three blocks share an SM
-        ("smem_row", 65536, torch.bfloat16, 1024, 8),  # 128 KB: one block per SM
-        ("block_row", 32768, torch.float32, 512, 16),  # 32-bit rows beyond 16K: 16 vectors
+        ("RMSNormFwdOp", "block_row", 16384, torch.bfloat16, 256, 8),  # 8 vectors, 2 blocks/SM
+        ("LayerNormFwdOp", "block_row", 16384, torch.float32, 512, 8),
+        ("RMSNormFwdOp", "block_row", 8192, torch.bfloat16, 256, 4),  # never fewer than 8 warps
+        ("RMSNormFwdOp", "block_row", 2048, torch.bfloat16, 256, 1),
+        ("RMSNormFwdOp", "block_row", 4096, torch.float32, 128, 8),  # 32-bit: as few as 4 warps
+        ("RMSNormFwdOp", "block_row", 2048, torch.float32, 128, 4),
+        ("RMSNormFwdOp", "block_row", 16383, torch.float16, 1024, 16),  # odd: 1-element vectors
+        ("RMSNormFwdOp", "smem_row", 32768, torch.bfloat16, 256, 16),  # 64 KB: 3 blocks per SM
+        ("RMSNormFwdOp", "smem_row", 65536, torch.bfloat16, 1024, 8),  # 128 KB: 1 block per SM
+        ("RMSNormFwdOp", "block_row", 32768, torch.float32, 512, 16),  # beyond 16K: 16 vectors
+        # RMSNorm's 32-bit rows of 8K and 16K take a whole block (full_block_32bit)
+        ("RMSNormFwdOp", "block_row", 8192, torch.float32, 1024, 2),
+        ("RMSNormFwdOp", "block_row", 16384, torch.float32, 1024, 4),
+        ("LayerNormFwdOp", "block_row", 8192, torch.float32, 256, 8),
     ],
 )
-def test_single_block_plans(layout, n, dtype, lanes, chunks):
-    cls = tileops_cuda.KERNELS[RMSNormFwdOp][f"tilelang_{layout}"]
+def test_single_block_plans(name, layout, n, dtype, lanes, chunks):
+    cls = tileops_cuda.KERNELS[OPS[name]][f"tilelang_{layout}"]
     with simulate_device("cuda:0", arch=90, **DEVICES[90]):
-        plan = cls.plan(make_call("RMSNormFwdOp", n, dtype))
+        plan = cls.plan(make_call(name, n, dtype))
     assert (plan.lanes, plan.chunks) == (lanes, chunks)
 
 

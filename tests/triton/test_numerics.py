@@ -22,7 +22,9 @@ from tileops_triton.softmax import softmax
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 GPU_DTYPES = (torch.bfloat16, torch.float32)  # float16 takes bfloat16's paths; compiles cost
-ROWS = [(1, 1), (3, 7), (5, 64), (4, 1000), (2, 9000)]  # 9000: a masked 16384-wide block
+# 3000: float32 RMSNorm loops over two masked 2048-element slices (rows.FLOAT32_LOOPED); 9000: a
+# masked 16384-wide block
+ROWS = [(1, 1), (3, 7), (5, 64), (4, 1000), (2, 3000), (2, 9000)]
 compiled = pytest.mark.skipif(INTERPRETING, reason="GPU tests run compiled, not interpreted")
 
 

@@ -211,6 +211,10 @@ def test_row_plan_fuses_rows_up_to_32k_with_the_measured_warps() -> None:
     assert row_plan(16384, "rms_norm", f16).warps == 8
     assert not row_plan(16384, "rms_norm", f16).cached  # evict_first, as swept
     assert row_plan(8192, "rms_norm", f32).cached and row_plan(16384, "layer_norm", f32).cached
+    # float32 RMSNorm rows of 2K-4K loop in 2048-element slices (rows.FLOAT32_LOOPED)
+    assert row_plan(4096, "rms_norm", f32) == row_plan(3000, "rms_norm", f32)
+    assert row_plan(4096, "rms_norm", f32) == RowPlan(False, 2048, 1, 16)
+    assert row_plan(4096, "layer_norm", f32).fused and row_plan(4096, "rms_norm", f16).fused
     assert row_plan(16384, "layer_norm", f32).warps == 16
     assert row_plan(16384, "softmax", f32).warps == 32
     assert (row_plan(8192, "layer_norm", f32).warps, row_plan(8192, "softmax", f32).warps) == (

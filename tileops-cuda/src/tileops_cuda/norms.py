@@ -106,6 +106,12 @@ class RMSNormWarpRows(WarpRows, _RMSNorm):
 class RMSNormBlockRow(BlockRow, _RMSNorm):
     """Medium rows: one block per row, the row in its threads' registers."""
 
+    # float32 rows of 8K and 16K: 1024 threads reached 97.6 / 98.2 and 96.6 / 96.4% of copy
+    # against 95.8 / 95.9 (256 threads) and 96.1 / 96.1 (512) in two sweeps (2026-11-29 and -30,
+    # row_plans_block_row_float32 and row_plans_stream_row_block_row_triton); LayerNorm's and
+    # softmax's rows did not gain.
+    full_block_32bit = (4096, 16384)
+
 
 class RMSNormSmemRow(SmemRow, _RMSNorm):
     """Long rows that fit the block's shared memory: read once, kept there for the output."""

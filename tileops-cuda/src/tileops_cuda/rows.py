@@ -204,16 +204,16 @@ def warp_rows_plan(n: int, dtype: torch.dtype) -> RowPlan:
     return RowPlan("registers", SHORT_BLOCK_THREADS // lanes, lanes, vec, _ceil_div(n, lanes * vec))
 
 
-def block_row_plan(n: int, dtype: torch.dtype) -> RowPlan:
-    """The fewest threads (at least BLOCK_ROW_MIN_THREADS, WIDE_BLOCK_ROW_MIN_THREADS for 32-bit
-    rows) that keep at most BLOCK_ROW_VECTORS vectors each, twice as many beyond
-    REGISTER_ROW_MAX (32-bit rows: 512 threads of 64 values beat 1024 of 32 by 1-5 points at
-    32K)."""
+def block_row_plan(n: int, dtype: torch.dtype, threads: int | None = None) -> RowPlan:
+    """`threads` lanes if given, else the fewest threads (at least BLOCK_ROW_MIN_THREADS,
+    WIDE_BLOCK_ROW_MIN_THREADS for 32-bit rows) that keep at most BLOCK_ROW_VECTORS vectors
+    each, twice as many beyond REGISTER_ROW_MAX (32-bit rows: 512 threads of 64 values beat
+    1024 of 32 by 1-5 points at 32K)."""
     vec = vector_width(n, dtype)
     vectors = BLOCK_ROW_VECTORS if n <= REGISTER_ROW_MAX else 2 * BLOCK_ROW_VECTORS
     fewest = _pow2_ceil(_ceil_div(_ceil_div(n, vec), vectors))
     least = WIDE_BLOCK_ROW_MIN_THREADS if ITEMSIZE[dtype] == 4 else BLOCK_ROW_MIN_THREADS
-    lanes = min(MAX_THREADS, max(least, fewest))
+    lanes = threads or min(MAX_THREADS, max(least, fewest))
     return RowPlan("registers", 1, lanes, vec, _ceil_div(n, lanes * vec))
 
 
@@ -311,7 +311,7 @@ class RowKernel(Kernel):
         if cls.layout == "warp_rows":
             plan = warp_rows_plan(call.n, call.dtype)
         elif cls.layout == "block_row":
-            plan = block_row_plan(call.n, call.dtype)
+            plan = cls.block_plan(call)
         elif cls.layout == "cluster_row":
             plan = cls.cluster_plan(call)
         elif cls.layout == "smem_row":
@@ -377,6 +377,16 @@ class BlockRow:
     """Medium rows: one block per row, the row in its threads' registers."""
 
     layout: ClassVar[str] = "block_row"
+    # 32-bit rows of lo < n <= hi that take a whole block of MAX_THREADS threads instead of
+    # block_row_plan's fewest; a family may set it.
+    full_block_32bit: ClassVar[tuple[int, int] | None] = None
+
+    @classmethod
+    def block_plan(cls, call: Any) -> RowPlan:
+        span = cls.full_block_32bit
+        if span and ITEMSIZE[call.dtype] == 4 and span[0] < call.n <= span[1]:
+            return block_row_plan(call.n, call.dtype, MAX_THREADS)
+        return block_row_plan(call.n, call.dtype)
 
     @classmethod
     def region_refusal(cls, call: Any) -> str | None:

@@ -27,14 +27,13 @@ from .rows import RowPlan, row_plan
 LAYER_NORM_KEY = "triton"
 RMS_NORM_KEY = "triton"
 
-# Where Triton measured faster than the tileops-cuda kernel serving the call, on the H200, in
-# one run of benchmarks/norms_h200.py with both backends (results/norms_nvidia_h200.md, commit
-# 31aa0e5; bf16 and float32, 2**26 elements, % of copy bandwidth): nowhere. At 16K, where Triton
-# had led (88.9 vs 54.5), tilelang_block_row with 8 vectors per lane now leads: LayerNorm 95 vs
-# 87, RMSNorm 97 vs 75 (bf16); elsewhere Triton trails or ties. The regions stay, empty, for
-# the next measurement to fill.
+# Where Triton measured faster than the tileops-cuda kernel serving the call, on the H200
+# (2**26 elements, % of copy bandwidth). LayerNorm: nowhere (results/norms_nvidia_h200.md; at
+# 16K, where Triton had led, tilelang_block_row with 8 vectors per lane leads, 95 vs 87 bf16).
+# RMSNorm: float32 rows of 2K-4K, which Triton loops over in two passes (rows.FLOAT32_LOOPED):
+# 101.3 against tilelang_block_row's 97.3 (row_plans_stream_row_block_row_triton, 2026-11-30).
 LAYER_NORM_FASTER: tuple[FasterRegion, ...] = ()
-RMS_NORM_FASTER: tuple[FasterRegion, ...] = ()
+RMS_NORM_FASTER = (FasterRegion(torch.float32, 2049, 4096),)
 
 
 class TritonLayerNorm(Kernel, LayerNormInterface):
