@@ -30,8 +30,10 @@ RMS_NORM_KEY = "triton"
 # Where Triton measured faster than the tileops-cuda kernel serving the call, on the H200
 # (2**26 elements, % of copy bandwidth). LayerNorm: nowhere (results/norms_nvidia_h200.md; at
 # 16K, where Triton had led, tilelang_block_row with 8 vectors per lane leads, 95 vs 87 bf16).
-# RMSNorm: float32 rows of 2K-4K, which Triton loops over in two passes (rows.FLOAT32_LOOPED):
-# 101.3 against tilelang_block_row's 97.3 (row_plans_stream_row_block_row_triton, 2026-11-30).
+# RMSNorm: float32 rows of 2K-4K (a 4096-wide block), which Triton loops over in two passes
+# (rows.FLOAT32_LOOPED): 101.3 against tilelang_block_row's 97.3 in the plan sweep, and 100.7
+# against 97 in the next norms run (row_plans_stream_row_block_row_triton and
+# norms_4k_16k_float32, 2026-11-30).
 LAYER_NORM_FASTER: tuple[FasterRegion, ...] = ()
 RMS_NORM_FASTER = (FasterRegion(torch.float32, 2049, 4096),)
 
