@@ -185,7 +185,9 @@ def test_gemm_candidates_fit_the_shared_memory_budget() -> None:
 @pytest.mark.gpu
 @compiled
 @pytest.mark.parametrize("dtype", GPU_DTYPES)
-@pytest.mark.parametrize(("rows", "n"), [(3, 7), (4, 1000), (2, 9000), (8, 20000), (64, 40000)])
+@pytest.mark.parametrize(
+    ("rows", "n"), [(3, 7), (4, 1000), (2, 3000), (2, 9000), (8, 20000), (64, 40000)]
+)
 def test_row_ops_match_torch_on_the_gpu(rows, n, dtype) -> None:
     check_rows("cuda", rows, n, dtype)
 
