@@ -24,7 +24,7 @@ import triton.language as tl
 from batchnorm_gemm_h200 import bench
 
 from tileops_triton import norms, softmax
-from tileops_triton._norm_kernels import _add_pairs, _affine, widened
+from tileops_triton._norm_kernels import _add_pairs, store_shifted_layer_norm, widened
 from tileops_triton._softmax_kernels import _merged
 from tileops_triton.rows import row_plan
 
@@ -56,10 +56,7 @@ def layer_norm_split(X, W, B, Y, n, eps, BLOCK: tl.constexpr, SPLIT: tl.constexp
         a, b = _shifted_sums(x_row, ((part + q) % SPLIT) * BLOCK + offs, n, shift)
         s += a
         s2 += b
-    mean_d = s / n
-    rstd = tl.rsqrt(tl.maximum(s2 / n - mean_d * mean_d, 0.0) + eps)
-    y = _affine((widened(x) - (shift + mean_d)) * rstd, W, B, cols, mask, True, True)
-    tl.store(Y + row * n + cols, y.to(Y.dtype.element_ty), mask=mask)
+    store_shifted_layer_norm(x, shift, s, s2, n, eps, W, B, Y + row * n, cols, mask, True, True)
 
 
 @triton.jit
@@ -77,10 +74,7 @@ def layer_norm_halves(X, W, B, Y, n, eps, BLOCK: tl.constexpr):
     d = tl.where(mask, x.to(tl.float32) - shift, 0.0)
     od = tl.where(other < n, o.to(tl.float32) - shift, 0.0)
     s, s2 = tl.reduce((d + od, d * d + od * od), 0, _add_pairs)
-    mean_d = s / n
-    rstd = tl.rsqrt(tl.maximum(s2 / n - mean_d * mean_d, 0.0) + eps)
-    y = _affine((widened(x) - (shift + mean_d)) * rstd, W, B, cols, mask, True, True)
-    tl.store(Y + row * n + cols, y.to(Y.dtype.element_ty), mask=mask)
+    store_shifted_layer_norm(x, shift, s, s2, n, eps, W, B, Y + row * n, cols, mask, True, True)
 
 
 @triton.jit

@@ -73,11 +73,22 @@ def layer_norm_held(
     shift = tl.load(X + row * n).to(tl.float32)
     d = tl.where(mask, x.to(tl.float32) - shift, 0.0)
     sum_d, sum_d2 = tl.reduce((d, d * d), 0, _add_pairs)
+    store_shifted_layer_norm(x, shift, sum_d, sum_d2, n, eps, W, B, Y + row * n, cols, mask,
+                             HAS_W, HAS_B)  # fmt: skip
+
+
+@triton.jit
+def store_shifted_layer_norm(
+    x, shift, sum_d, sum_d2, n, eps, W, B, y_row, cols, mask,
+    HAS_W: tl.constexpr, HAS_B: tl.constexpr,
+):  # fmt: skip
+    """LayerNorm of the held values x at `cols`, from the row's sums of d = x - shift and d^2,
+    stored at y_row + cols."""
     mean_d = sum_d / n
     var = tl.maximum(sum_d2 / n - mean_d * mean_d, 0.0)
     rstd = tl.rsqrt(var + eps)
     y = _affine((widened(x) - (shift + mean_d)) * rstd, W, B, cols, mask, HAS_W, HAS_B)
-    tl.store(Y + row * n + cols, y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(y_row + cols, y.to(y_row.dtype.element_ty), mask=mask)
 
 
 @triton.jit
