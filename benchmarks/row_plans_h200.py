@@ -43,8 +43,7 @@ from provenance import git_commit
 
 THREADS = (256, 512, 1024)
 CLUSTER_SIZES = (2, 4, 8, 16)
-SLICE_BYTES_RANGE = (8 * 1024, 128 * 1024)
-WALKS = (2, 4, 8, 16)
+SLICE_BYTES_RANGE = (16 * 1024, 128 * 1024)
 BLOCK_THREADS = (128, 256, 512, 1024)
 REGISTER_VALUES_MAX = 64  # block_row candidates keep at most this many values per thread
 TRITON_WARPS = {"fused": (4, 8, 16, 32), "looped": (4, 8, 16)}
@@ -69,31 +68,8 @@ def plans(layout: str, op: str, call: Any) -> list[Any]:
     if op == "softmax":
         found += [dataclasses.replace(p, scaled_exp=True) for p in found]
     if layout == "cluster_row":
-        found += walking_plans(op, call, found)
-        found += [dataclasses.replace(p, dsmem=True) for p in found if p.walk == 1]
+        found += [dataclasses.replace(p, dsmem=True) for p in found]
     return found
-
-
-def walking_plans(op: str, call: Any, found: list[Any]) -> list[Any]:
-    """Norm cluster plans walking WALKS rows per cluster, their slices of the weight and bias
-    kept in shared memory (RowPlan.walk): LayerNorm's one-pass plans, RMSNorm's through the
-    lanes, each where its slices and kept parameters leave a block per SM."""
-    import dataclasses
-
-    from tileops_cuda import rows
-
-    if op == "softmax":
-        return []
-    walking = []
-    for plan in found:
-        if plan.bulk or (op == "layer_norm" and not plan.one_pass):
-            continue
-        for walk in WALKS:
-            moving = dataclasses.replace(plan, walk=walk)
-            need = rows.plan_smem_bytes(moving, call.dtype, rows.kept_param_bytes(moving, call))
-            if need <= call.smem_budget:
-                walking.append(rows.with_occupancy(moving, call))
-    return walking
 
 
 def block_plans(layout: str, call: Any) -> list[Any]:
@@ -177,9 +153,8 @@ def plan_label(plan: Any, itemsize: int) -> str:
     bulk = ", TMA" if plan.bulk else ""
     scaled = ", scaled exp" if plan.scaled_exp else ""
     dsmem = ", DSMEM" if plan.dsmem else ""
-    walk = f", walk {plan.walk}" if plan.walk > 1 else ""
     return (f"{plan.lanes} threads, cluster {plan.cluster}, {plan.slice * itemsize // 1024} KB "
-            f"per block, {plan.blocks_per_sm}/SM{one_pass}{bulk}{scaled}{dsmem}{walk}")  # fmt: skip
+            f"per block, {plan.blocks_per_sm}/SM{one_pass}{bulk}{scaled}{dsmem}")  # fmt: skip
 
 
 def triton_plans(op: str, call: Any) -> list[Any]:

@@ -144,10 +144,7 @@ class RowPlan:
     held rows): each exponential is one fused multiply-add from the max in log2 units (tiles.
     exp_below) instead of a subtract and a multiply; 16-bit rows in shared memory take it.
     `dsmem` (cluster_row): the blocks write their partial statistics into each other's shared
-    memory (tiles.exchange_partials) instead of the global workspace (DSMEM_CLUSTER_MAX).
-    `walk` (cluster_row, norms): each cluster normalizes `walk` consecutive rows, its blocks'
-    slices of the weight and bias read once into shared memory and kept across them, where one
-    row per cluster reads them from L2 for every row."""
+    memory (tiles.exchange_partials) instead of the global workspace (DSMEM_CLUSTER_MAX)."""
 
     hold: str
     rows: int
@@ -160,7 +157,6 @@ class RowPlan:
     bulk: bool = False
     scaled_exp: bool = False
     dsmem: bool = False
-    walk: int = 1
 
     @property
     def threads(self) -> int:
@@ -273,23 +269,13 @@ def with_occupancy(plan: RowPlan, call: Any) -> RowPlan:
         THREADS_PER_SM.get(call.arch, 1536) // plan.threads,
     )
     if plan.hold == "shared":
-        need = plan_smem_bytes(plan, call.dtype, kept_param_bytes(plan, call))
-        blocks = min(blocks, call.smem_budget // need)
+        blocks = min(blocks, call.smem_budget // plan_smem_bytes(plan, call.dtype))
     return dataclasses.replace(plan, blocks_per_sm=max(blocks, 1))
 
 
-def plan_smem_bytes(plan: RowPlan, dtype: torch.dtype, param_bytes: int = 0) -> int:
-    """Shared memory a block of a shared-memory plan needs: its slice, the reductions', and
-    `param_bytes` per element of the slice for the parameters it keeps (RowPlan.walk)."""
-    return plan.slice * (ITEMSIZE[dtype] + param_bytes) + REDUCE_SCRATCH_BYTES
-
-
-def kept_param_bytes(plan: RowPlan, call: Any) -> int:
-    """Bytes per element of the weight and bias a walking block keeps (RowPlan.walk)."""
-    if plan.walk == 1:
-        return 0
-    params = int(getattr(call, "has_weight", False)) + int(getattr(call, "has_bias", False))
-    return params * ITEMSIZE[getattr(call, "param_dtype", None) or call.dtype]
+def plan_smem_bytes(plan: RowPlan, dtype: torch.dtype) -> int:
+    """Shared memory a block of a shared-memory plan needs: its slice and the reductions'."""
+    return plan.slice * ITEMSIZE[dtype] + REDUCE_SCRATCH_BYTES
 
 
 def smem_bytes(n: int, dtype: torch.dtype) -> int:

@@ -142,9 +142,8 @@ def row_store(plan: RowPlan, dtype: str):
 
 
 def launch(plan: RowPlan, m):
-    """The kernel over m rows: one block per plan.rows rows (plan.walk rows of a cluster),
-    times the cluster's blocks."""
-    grid = T.ceildiv(m, plan.rows * plan.walk) * plan.cluster
+    """The kernel over m rows: one block per plan.rows rows, times the cluster's blocks."""
+    grid = T.ceildiv(m, plan.rows) * plan.cluster
     if plan.cluster == 1:
         return T.Kernel(grid, threads=plan.threads)
     return T.Kernel(grid, threads=plan.threads, cluster_dims=plan.cluster)
@@ -242,27 +241,3 @@ def exp_below(value, scaled_top):
     """exp(value - top) from scaled_top = in_log2_units(top): one fused multiply-add, exact
     before its one rounding (__fmaf_rn: the compiler may not split it), and one ex2.approx."""
     return T.exp2(T.call_extern("float32", "__fmaf_rn", value, LOG2E, -scaled_top))
-
-
-def keep_params(plan: RowPlan, W, B, base, lane, n: int, dtype: str):
-    """RowPlan.walk: the block's slices of W and B (None when absent) copied into shared memory,
-    each lane its own vectors, which it alone reads again: no barrier needed. Returns the kept
-    slices, indexed by the column within the slice."""
-    kept = []
-    for param in (W, B):
-        if param is None:
-            kept.append(None)
-            continue
-        held = T.alloc_shared((plan.slice,), dtype)
-        _copy_slice(plan, param, held, base, lane, n)
-        kept.append(held)
-    return kept
-
-
-@T.macro
-def _copy_slice(plan: RowPlan, param, held, base, lane, n: int):
-    for k in chunk_loop(plan):
-        at = (k * plan.lanes + lane) * plan.vec
-        if base + at < n:
-            for v in T.vectorized(plan.vec):
-                held[at + v] = param[base + at + v]
