@@ -182,8 +182,9 @@ def plan_label(plan: Any, itemsize: int) -> str:
     scaled = ", scaled exp" if plan.scaled_exp else ""
     dsmem = ", DSMEM" if plan.dsmem else ""
     resident = f", {plan.resident} resident" if plan.resident else ""
+    flags = one_pass + bulk + scaled + dsmem + resident
     return (f"{plan.lanes} threads, cluster {plan.cluster}, {plan.slice * itemsize // 1024} KB "
-            f"per block, {plan.blocks_per_sm}/SM{one_pass}{bulk}{scaled}{dsmem}{resident}")  # fmt: skip
+            f"per block, {plan.blocks_per_sm}/SM{flags}")  # fmt: skip
 
 
 def triton_plans(op: str, call: Any) -> list[Any]:

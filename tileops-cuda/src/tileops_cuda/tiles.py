@@ -245,7 +245,6 @@ def exp_below(value, scaled_top):
     return T.exp2(T.call_extern("float32", "__fmaf_rn", value, LOG2E, -scaled_top))
 
 
-
 @T.macro
 def slice_into(X, store, plan: RowPlan, row, base, full, half):
     """RowPlan.resident: the block's slice of `row` by TMA into half `half` (0 or 1) of
