@@ -69,34 +69,6 @@ def plans(layout: str, op: str, call: Any) -> list[Any]:
         found += [dataclasses.replace(p, scaled_exp=True) for p in found]
     if layout == "cluster_row":
         found += [dataclasses.replace(p, dsmem=True) for p in found]
-        found += resident_plans(op, call)
-    return found
-
-
-def resident_plans(op: str, call: Any) -> list[Any]:
-    """Norm plans of resident clusters (RowPlan.resident): 1 to 16 blocks of 256 to 1024
-    threads per row, each with two TMA-loaded slices of SLICE_BYTES_RANGE that cover the row
-    exactly; as many clusters as the blocks per SM let stay resident."""
-    import dataclasses
-
-    from tileops_cuda import rows
-
-    if op == "softmax" or call.arch < 90:
-        return []
-    vec, itemsize = rows.vector_width(call.n, call.dtype), rows.ITEMSIZE[call.dtype]
-    low, high = SLICE_BYTES_RANGE
-    found = []
-    for threads in THREADS:
-        for size in (1, *CLUSTER_SIZES):
-            chunks = call.n // (size * threads * vec)
-            plan = rows.RowPlan("shared", 1, threads, vec, chunks, cluster=size, bulk=True,
-                                resident=1)  # fmt: skip
-            exact = chunks and plan.padded == call.n
-            if exact and low <= plan.slice * itemsize <= high:
-                plan = rows.with_occupancy(plan, call)
-                if rows.plan_smem_bytes(plan, call.dtype) <= call.smem_budget:
-                    clusters = call.sm_count * plan.blocks_per_sm // size
-                    found.append(dataclasses.replace(plan, resident=clusters))
     return found
 
 
@@ -181,10 +153,8 @@ def plan_label(plan: Any, itemsize: int) -> str:
     bulk = ", TMA" if plan.bulk else ""
     scaled = ", scaled exp" if plan.scaled_exp else ""
     dsmem = ", DSMEM" if plan.dsmem else ""
-    resident = f", {plan.resident} resident" if plan.resident else ""
-    flags = one_pass + bulk + scaled + dsmem + resident
     return (f"{plan.lanes} threads, cluster {plan.cluster}, {plan.slice * itemsize // 1024} KB "
-            f"per block, {plan.blocks_per_sm}/SM{flags}")  # fmt: skip
+            f"per block, {plan.blocks_per_sm}/SM{one_pass}{bulk}{scaled}{dsmem}")  # fmt: skip
 
 
 def triton_plans(op: str, call: Any) -> list[Any]:

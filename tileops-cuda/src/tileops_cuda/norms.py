@@ -163,127 +163,100 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
         return T.Cast("float32", T.min(T.max(n - part * size, 0), size))
 
     @T.macro
-    def normalize(X, W, B, S, Y, P, row, lane, part, base, store, scratch, offset):
-        """One row's statistics and output; its slice waits in `store` from `offset`."""
-        S, at = tiles.partials_at(plan, S, P, row)  # S[at]: the cluster's partials
-        held = T.min(T.max(n - base, 0), size)  # elements of the row in this block
-        if not plan.resident:
-            tiles.bulk_load(X, store, plan, row, base)
-        t = T.alloc_local((vec,), "float32")
-        s1 = T.alloc_var("float32", init=0.0)
-        s2 = T.alloc_var("float32", init=0.0)
-        # Shifted sums keep E[x^2] - E[x]^2 from cancelling: each lane sums x - own, its
-        # own first element, so an outlier cancels against that lane's few values only (one
-        # shift for the whole row, x[0] = 1000 among unit values lost 0.5% of a 64K row's
-        # variance); the lanes' means merge relative to the row's first element, `shift`,
-        # so rows far from zero keep their mean's low bits. The row's head is read as a
-        # vector into its own registers (a scalar read of X beside vector reads of it makes
-        # TileLang 0.1.15's StorageRewrite fail for some lengths, n = 32768, 49152, ... in
-        # float32), and `own` comes from the lane's first load: no extra read ahead of the
-        # loop's loads.
-        shift = T.alloc_var("float32", init=0.0)
-        own = T.alloc_var("float32", init=0.0)
-        counted = T.alloc_var("float32", init=0.0)  # elements this lane summed
-        if plan.resident:  # each row starts its sums afresh
-            s1 = 0.0
-            s2 = 0.0
-            counted = 0.0
-        if shifted and row < m:
-            head = T.alloc_local((vec,), "float32")
-            tiles.reload(X, store, first_vector, row, 0, 0, head)
-            shift = head[0]
-        for k in tiles.chunk_loop(plan):
-            if row < m and (exact or base + (k * lanes + lane) * vec < n):
-                tiles.load(X, store, plan, row, lane, k, t, base, offset)
-                if shifted and k == 0:
-                    own = t[0]
-                counted += vec
-                for v in T.unroll(vec):
-                    if kind == "rms":
-                        s1 += t[v] * t[v]
-                    else:
-                        s1 += t[v] - own
-                        s2 += (t[v] - own) * (t[v] - own)
-        mean = T.alloc_var("float32", init=0.0)
-        var = T.alloc_var("float32", init=0.0)
-        if kind == "rms" and cluster > 1:
-            squares = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
-            tiles.publish_partials(plan, S, P, row, part, squares, 0.0)
-            var = tiles.merged_mean(S, at, cluster, n)  # the slices' sums of squares
-        elif kind == "rms":
-            var = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane) / n
-        else:  # the block's (sum, M2) of its slice
-            total = T.alloc_var("float32", init=0.0)
-            spread = T.alloc_var("float32", init=0.0)
-            if shifted:  # Chan's merge of the lanes' (count, mean - shift, M2)
-                lane_count = T.max(counted, 1.0)
-                offset_ = own - shift
-                total = tiles.reduce_group(counted * offset_ + s1, "sum", plan, scratch, 0, lane)
-                mean = total / T.Cast("float32", T.max(held, 1))
-                lane_gap = offset_ + s1 / lane_count - mean
-                lane_m2 = s2 - s1 * s1 / lane_count + counted * lane_gap * lane_gap
-                spread = tiles.reduce_group(lane_m2, "sum", plan, scratch, 1, lane)
-            else:  # the mean, then squared deviations from it
-                total = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
-                mean = total / T.Cast("float32", T.max(held, 1))
-                s2 = 0.0
-                for k in tiles.chunk_loop(plan):
-                    if row < m and (exact or base + (k * lanes + lane) * vec < n):
-                        tiles.reload(X, store, plan, row, lane, k, t, base, offset)
-                        for v in T.unroll(vec):
-                            s2 += (t[v] - mean) * (t[v] - mean)
-                spread = tiles.reduce_group(s2, "sum", plan, scratch, 1, lane)
-            var = spread / n
-            if cluster > 1:  # Chan's merge of the slices' (count, mean, M2)
-                tiles.publish_partials(plan, S, P, row, part, total, spread)
-                mean = tiles.merged_mean(S, at, cluster, n)
-                var = tiles.merged_var(S, at, cluster, n, mean, slice_values)
-            mean = shift + mean  # shifted sums' mean is relative to the row's first element
-        rstd = T.rsqrt(var + eps)
-        for k in tiles.chunk_loop(plan):
-            col = base + (k * lanes + lane) * vec
-            if row < m and (exact or col < n):
-                tiles.reload(X, store, plan, row, lane, k, t, base, offset)
-                for v in T.vectorized(vec):
-                    if has_weight and has_bias:
-                        Y[row, col + v] = (t[v] - mean) * rstd * W[col + v] + B[col + v]
-                    elif has_weight:
-                        Y[row, col + v] = (t[v] - mean) * rstd * W[col + v]
-                    elif has_bias:
-                        Y[row, col + v] = (t[v] - mean) * rstd + B[col + v]
-                    else:
-                        Y[row, col + v] = (t[v] - mean) * rstd
-
-    @T.macro
     def body(X, W, B, S, Y):
         with tiles.launch(plan, m) as bx:
             T.annotate_min_blocks_per_sm(plan.blocks_per_sm)
             P = tiles.cluster_partials(cluster) if plan.dsmem else None
             tx = T.get_thread_binding()
             lane = tx % lanes
+            row = (bx // cluster) * plan.rows + tx // lanes
             part = bx % cluster
+            S, at = tiles.partials_at(plan, S, P, row)  # S[at]: the cluster's partials
             base = part * size  # where this block's slice starts (0 without a cluster)
+            held = T.min(T.max(n - base, 0), size)  # elements of the row in this block
             store = tiles.row_store(plan, dtype)
+            tiles.bulk_load(X, store, plan, row, base)
             scratch = T.alloc_shared((2, tiles.warps(plan)), "float32")
-
-            if plan.resident:  # rows bx // cluster + i * resident, two slices in turn
-                first, clusters = bx // cluster, plan.resident
-                full = T.alloc_barrier([plan.threads, plan.threads])
-                mine = T.ceildiv(T.max(m - first, 0), clusters)
-                if mine > 0:
-                    tiles.slice_into(X, store, plan, first, base, full, 0)
-                for i in T.serial(mine):
-                    row = first + i * clusters
-                    if i + 1 < mine:  # the next row's slice into the other half
-                        tiles.slice_into(X, store, plan, row + clusters, base, full, 1 - i % 2)
-                    T.barrier_arrive(full[i % 2])
-                    T.mbarrier_wait_parity(full[i % 2], (i // 2) % 2)
-                    normalize(X, W, B, S, Y, P, row, lane, part, base, store, scratch,
-                              (i % 2) * size)  # fmt: skip
-                    T.sync_threads()  # every lane has left this half before TMA refills it
-            else:
-                row = (bx // cluster) * plan.rows + tx // lanes
-                normalize(X, W, B, S, Y, P, row, lane, part, base, store, scratch, 0)
+            t = T.alloc_local((vec,), "float32")
+            s1 = T.alloc_var("float32", init=0.0)
+            s2 = T.alloc_var("float32", init=0.0)
+            # Shifted sums keep E[x^2] - E[x]^2 from cancelling: each lane sums x - own, its
+            # own first element, so an outlier cancels against that lane's few values only (one
+            # shift for the whole row, x[0] = 1000 among unit values lost 0.5% of a 64K row's
+            # variance); the lanes' means merge relative to the row's first element, `shift`,
+            # so rows far from zero keep their mean's low bits. The row's head is read as a
+            # vector into its own registers (a scalar read of X beside vector reads of it makes
+            # TileLang 0.1.15's StorageRewrite fail for some lengths, n = 32768, 49152, ... in
+            # float32), and `own` comes from the lane's first load: no extra read ahead of the
+            # loop's loads.
+            shift = T.alloc_var("float32", init=0.0)
+            own = T.alloc_var("float32", init=0.0)
+            counted = T.alloc_var("float32", init=0.0)  # elements this lane summed
+            if shifted and row < m:
+                head = T.alloc_local((vec,), "float32")
+                tiles.reload(X, store, first_vector, row, 0, 0, head)
+                shift = head[0]
+            for k in tiles.chunk_loop(plan):
+                if row < m and (exact or base + (k * lanes + lane) * vec < n):
+                    tiles.load(X, store, plan, row, lane, k, t, base)
+                    if shifted and k == 0:
+                        own = t[0]
+                    counted += vec
+                    for v in T.unroll(vec):
+                        if kind == "rms":
+                            s1 += t[v] * t[v]
+                        else:
+                            s1 += t[v] - own
+                            s2 += (t[v] - own) * (t[v] - own)
+            mean = T.alloc_var("float32", init=0.0)
+            var = T.alloc_var("float32", init=0.0)
+            if kind == "rms" and cluster > 1:
+                squares = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
+                tiles.publish_partials(plan, S, P, row, part, squares, 0.0)
+                var = tiles.merged_mean(S, at, cluster, n)  # the slices' sums of squares
+            elif kind == "rms":
+                var = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane) / n
+            else:  # the block's (sum, M2) of its slice
+                total = T.alloc_var("float32", init=0.0)
+                spread = T.alloc_var("float32", init=0.0)
+                if shifted:  # Chan's merge of the lanes' (count, mean - shift, M2)
+                    lane_count = T.max(counted, 1.0)
+                    offset = own - shift
+                    total = tiles.reduce_group(counted * offset + s1, "sum", plan, scratch, 0, lane)
+                    mean = total / T.Cast("float32", T.max(held, 1))
+                    lane_gap = offset + s1 / lane_count - mean
+                    lane_m2 = s2 - s1 * s1 / lane_count + counted * lane_gap * lane_gap
+                    spread = tiles.reduce_group(lane_m2, "sum", plan, scratch, 1, lane)
+                else:  # the mean, then squared deviations from it
+                    total = tiles.reduce_group(s1, "sum", plan, scratch, 0, lane)
+                    mean = total / T.Cast("float32", T.max(held, 1))
+                    s2 = 0.0
+                    for k in tiles.chunk_loop(plan):
+                        if row < m and (exact or base + (k * lanes + lane) * vec < n):
+                            tiles.reload(X, store, plan, row, lane, k, t, base)
+                            for v in T.unroll(vec):
+                                s2 += (t[v] - mean) * (t[v] - mean)
+                    spread = tiles.reduce_group(s2, "sum", plan, scratch, 1, lane)
+                var = spread / n
+                if cluster > 1:  # Chan's merge of the slices' (count, mean, M2)
+                    tiles.publish_partials(plan, S, P, row, part, total, spread)
+                    mean = tiles.merged_mean(S, at, cluster, n)
+                    var = tiles.merged_var(S, at, cluster, n, mean, slice_values)
+                mean = shift + mean  # shifted sums' mean is relative to the row's first element
+            rstd = T.rsqrt(var + eps)
+            for k in tiles.chunk_loop(plan):
+                col = base + (k * lanes + lane) * vec
+                if row < m and (exact or col < n):
+                    tiles.reload(X, store, plan, row, lane, k, t, base)
+                    for v in T.vectorized(vec):
+                        if has_weight and has_bias:
+                            Y[row, col + v] = (t[v] - mean) * rstd * W[col + v] + B[col + v]
+                        elif has_weight:
+                            Y[row, col + v] = (t[v] - mean) * rstd * W[col + v]
+                        elif has_bias:
+                            Y[row, col + v] = (t[v] - mean) * rstd + B[col + v]
+                        else:
+                            Y[row, col + v] = (t[v] - mean) * rstd
 
     rows, vector = (m, n), (n,)
     if plan.global_partials:

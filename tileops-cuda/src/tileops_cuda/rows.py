@@ -144,10 +144,7 @@ class RowPlan:
     held rows): each exponential is one fused multiply-add from the max in log2 units (tiles.
     exp_below) instead of a subtract and a multiply; 16-bit rows in shared memory take it.
     `dsmem` (cluster_row): the blocks write their partial statistics into each other's shared
-    memory (tiles.exchange_partials) instead of the global workspace (DSMEM_CLUSTER_MAX).
-    `resident` (norms, sm_90): the kernel launches `resident` clusters that stay resident, each
-    walking rows `resident` apart with two slices in shared memory: TMA brings the next row's
-    slice while the block normalizes the current one, and no last wave of blocks idles SMs."""
+    memory (tiles.exchange_partials) instead of the global workspace (DSMEM_CLUSTER_MAX)."""
 
     hold: str
     rows: int
@@ -160,7 +157,6 @@ class RowPlan:
     bulk: bool = False
     scaled_exp: bool = False
     dsmem: bool = False
-    resident: int = 0
 
     @property
     def threads(self) -> int:
@@ -279,8 +275,7 @@ def with_occupancy(plan: RowPlan, call: Any) -> RowPlan:
 
 def plan_smem_bytes(plan: RowPlan, dtype: torch.dtype) -> int:
     """Shared memory a block of a shared-memory plan needs: its slice and the reductions'."""
-    slices = 2 if plan.resident else 1
-    return slices * plan.slice * ITEMSIZE[dtype] + REDUCE_SCRATCH_BYTES
+    return plan.slice * ITEMSIZE[dtype] + REDUCE_SCRATCH_BYTES
 
 
 def smem_bytes(n: int, dtype: torch.dtype) -> int:

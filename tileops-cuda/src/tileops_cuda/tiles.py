@@ -133,19 +133,17 @@ def merged_var(S, row, parts: int, values, mean, count_of):
 
 def row_store(plan: RowPlan, dtype: str):
     """Where a lane keeps its row between passes: float32 registers, the block's shared memory
-    in the input dtype (the row at its storage size; two slices with RowPlan.resident), or
-    nowhere (None: read X again)."""
+    in the input dtype (the row at its storage size), or nowhere (None: read X again)."""
     if plan.hold == "registers":
         return T.alloc_local((plan.chunks * plan.vec,), "float32")
     if plan.hold == "shared":
-        return T.alloc_shared((plan.slice * (2 if plan.resident else 1),), dtype)
+        return T.alloc_shared((plan.slice,), dtype)
     return None
 
 
 def launch(plan: RowPlan, m):
-    """The kernel over m rows: one block per plan.rows rows, times the cluster's blocks; with
-    RowPlan.resident a fixed `resident` clusters, whatever m."""
-    grid = plan.resident * plan.cluster if plan.resident else T.ceildiv(m, plan.rows) * plan.cluster
+    """The kernel over m rows: one block per plan.rows rows, times the cluster's blocks."""
+    grid = T.ceildiv(m, plan.rows) * plan.cluster
     if plan.cluster == 1:
         return T.Kernel(grid, threads=plan.threads)
     return T.Kernel(grid, threads=plan.threads, cluster_dims=plan.cluster)
@@ -164,14 +162,14 @@ def bulk_load(X, store, plan: RowPlan, row, base):
 
 
 @T.macro
-def load(X, store, plan: RowPlan, row, lane, k, t, base=0, offset=0):
+def load(X, store, plan: RowPlan, row, lane, k, t, base=0):
     """First pass: the lane's k-th vector of `row` into float32 `t`, kept in `store`; `base`:
     where the block's slice starts in the row (cluster_row). After bulk_load the slice is
-    already in `store`, from `offset` (RowPlan.resident's two buffers)."""
+    already in `store`."""
     at = (k * plan.lanes + lane) * plan.vec
     col = base + at
     if plan.bulk:
-        reload(X, store, plan, row, lane, k, t, base, offset)
+        reload(X, store, plan, row, lane, k, t, base)
     elif plan.hold == "shared":
         for v in T.vectorized(plan.vec):
             store[at + v] = X[row, col + v]
@@ -186,7 +184,7 @@ def load(X, store, plan: RowPlan, row, lane, k, t, base=0, offset=0):
 
 
 @T.macro
-def reload(X, store, plan: RowPlan, row, lane, k, t, base=0, offset=0):
+def reload(X, store, plan: RowPlan, row, lane, k, t, base=0):
     """Later passes: the same vector again, from where `load` kept it (or from X)."""
     at = (k * plan.lanes + lane) * plan.vec
     if plan.hold == "registers":
@@ -194,7 +192,7 @@ def reload(X, store, plan: RowPlan, row, lane, k, t, base=0, offset=0):
             t[v] = store[k * plan.vec + v]
     elif plan.hold == "shared":
         for v in T.vectorized(plan.vec):
-            t[v] = store[offset + at + v]
+            t[v] = store[at + v]
     else:
         for v in T.vectorized(plan.vec):
             t[v] = X[row, base + at + v]
@@ -243,14 +241,3 @@ def exp_below(value, scaled_top):
     """exp(value - top) from scaled_top = in_log2_units(top): one fused multiply-add, exact
     before its one rounding (__fmaf_rn: the compiler may not split it), and one ex2.approx."""
     return T.exp2(T.call_extern("float32", "__fmaf_rn", value, LOG2E, -scaled_top))
-
-
-@T.macro
-def slice_into(X, store, plan: RowPlan, row, base, full, half):
-    """RowPlan.resident: the block's slice of `row` by TMA into half `half` (0 or 1) of
-    `store`, arriving on barrier full[half]."""
-    size = plan.slice
-    if half == 0:
-        T.tma_copy(X[row, base : base + size], store[0:size], barrier=full[0])
-    else:
-        T.tma_copy(X[row, base : base + size], store[size : 2 * size], barrier=full[1])
