@@ -1,0 +1,47 @@
+"""One tileops call launched a few times, for Nsight Compute to profile on the GPU.
+
+Cases: `<op>_<n>_<params>` (op ln, rms or softmax; M * n = 2^26 bfloat16 elements; params wb,
+w or none) or `gemm_<m>_<n>_<k>` (bfloat16). The first call compiles; profile later launches:
+
+    ncu --clock-control none -k regex:main_kernel --launch-skip 2 --launch-count 2 \\
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \\
+        --section Occupancy python benchmarks/ncu_kernels.py ln_65536_wb
+
+(results/ncu_norms_gemm_nvidia_h200.md)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+from norms_h200 import _op_setup
+
+OPS = {"ln": "layer_norm", "rms": "rms_norm", "softmax": "softmax"}
+
+
+def call_of(case: str) -> Callable[[], torch.Tensor]:
+    """The tileops call that `case` names, its inputs made once."""
+    kind, *rest = case.split("_")
+    if kind == "gemm":
+        from tileops.ops import GemmOp
+
+        m, n, k = map(int, rest)
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        op = GemmOp()
+        return lambda: op(a, b)
+    n, params = int(rest[0]), rest[1]
+    x = torch.randn(2**26 // n, n, device="cuda", dtype=torch.bfloat16)
+    op, args, *_ = _op_setup(OPS[kind], x)
+    kept = {"wb": 2, "w": 1, "none": 0}[params]
+    args = (x, *args[1 : 1 + kept], *(None,) * (len(args) - 1 - kept))
+    return lambda: op(*args)
+
+
+if __name__ == "__main__":
+    run = call_of(sys.argv[1])
+    for _ in range(4):
+        run()
+    torch.cuda.synchronize()
