@@ -37,7 +37,7 @@ DTYPE = torch.bfloat16
 
 @dataclass(frozen=True)
 class Candidate:
-    kind: str  # "hopper", "skinny" or "swapped"
+    kind: str  # "hopper" or "skinny"
     shape: tuple[int, int, int]
     settings: tuple  # hopper: (block_m, block_n, block_k, stages, policy, epilogue);
     # skinny: (block_n, block_k, blocks_per_sm, how a split k is summed, stages, threads)
@@ -71,49 +71,13 @@ def candidates() -> list[Candidate]:
     # decode shape, 43-55% of copy against 52-55 at 64x4096x4096 (results/
     # gemm_tiles_skinny_threads_clean_l2_nvidia_h200.md).
     skinny += [(bn, 64, bps, "kernel", 0, 256) for bn in (64, 128) for bps in (1, 2)]
-    # Swapped operands (C^T = B^T A^T): the weight tile is wgmma's 64-row A operand and the
-    # tokens its narrow N, TMA copies; column tile, k tile, blocks per SM, consumer threads.
-    swapped = [(bn, bk, bps, threads) for bn in (64, 128, 256) for bk in (64, 128)
-               for bps in (1, 2) for threads in (128, 256) if threads <= 2 * bn]  # fmt: skip
-    return (
-        [Candidate("hopper", shape, h) for shape in SQUARE for h in hopper]
-        + [Candidate("skinny", shape, k) for shape in SKINNY for k in skinny]
-        + [Candidate("swapped", shape, w) for shape in SKINNY for w in swapped]
-    )
-
-
-def swapped_program(call: Any, plan: Any, threads: int) -> Any:
-    """Decode GEMM with swapped operands: block (column tile, split) computes C^T's tile of
-    block_n weight columns by all m tokens, as wgmma's A (the weight tile, transposed in shared
-    memory) times B (the tokens' tile); float32 partials like the skinny kernel's, or C."""
-    import tilelang.language as T
-
-    from tileops_cuda import tiles
-    from tileops_cuda.rows import DTYPE_NAMES
-
-    n, k, dtype = call.n, call.k, DTYPE_NAMES[call.dtype]
-    tile, per_split, splits = plan.tile, plan.k_tiles, plan.splits
-    bm, bn, bk = tile.block_m, tile.block_n, tile.block_k
-    m = T.dynamic("m")
-
-    def main(A, B, C):
-        with T.Kernel(T.ceildiv(n, bn), splits, threads=threads) as (bx, split):
-            w_tile = T.alloc_shared((bk, bn), dtype)
-            x_tile = T.alloc_shared((bm, bk), dtype)
-            acc = T.alloc_fragment((bn, bm), "float32")
-            T.clear(acc)
-            for kk in T.Pipelined(per_split, num_stages=tile.stages):
-                T.copy(B[(split * per_split + kk) * bk, bx * bn], w_tile)
-                T.copy(A[0, (split * per_split + kk) * bk], x_tile)
-                T.gemm(w_tile, x_tile, acc, transpose_A=True, transpose_B=True)
-            for i, j in T.Parallel(bn, bm):
-                if j < m and bx * bn + i < n:
-                    C[split * bm + j, bx * bn + i] = acc[i, j]
-
-    if splits > 1:
-        return tiles.prim_func(main, dtype, {"C": "float32"}, A=(m, k), B=(k, n),
-                               C=(splits * bm, n))  # fmt: skip
-    return tiles.prim_func(main, dtype, A=(m, k), B=(k, n), C=(m, n))
+    # Swapped operands (C^T = B^T A^T: the weight tile as wgmma's 64-row operand, the tokens as
+    # its narrow N, TMA copies) trailed at every decode shape: 45.6 against 51.7% of copy at
+    # 64x4096x4096, 65.5 against 72.8 at 1x4096x4096 (results/
+    # gemm_tiles_skinny_swapped_clean_l2_nvidia_h200.md, the option of commit b4fc433).
+    return [Candidate("hopper", shape, h) for shape in SQUARE for h in hopper] + [
+        Candidate("skinny", shape, k) for shape in SKINNY for k in skinny
+    ]
 
 
 def call_for(shape: tuple[int, int, int]) -> Any:
@@ -136,17 +100,6 @@ def build(candidate: Candidate) -> Any:
         program = build_program(name, lambda: gemm.gemm_program(call, tile, tma=True), 90,
                                  features="a")  # fmt: skip
         return gemm.GemmHopper(call, [program])
-    if candidate.kind == "swapped":
-        bn, bk, bps, threads = candidate.settings
-        plan = gemm.skinny_plan(call, bn, bk, bps)
-        programs = [build_program(f"{name}/0", lambda: swapped_program(call, plan, threads), 90,
-                                  features="a")]  # fmt: skip
-        if plan.splits > 1:
-            programs.append(build_program(f"{name}/1", lambda: gemm.reduce_program(call, plan),
-                                          90))  # fmt: skip
-        kernel = gemm.GemmSkinny(call, programs)
-        kernel.plan_ = replace(plan, fixup=False)
-        return kernel
     bn, bk, bps, how, stages, threads = candidate.settings
     plan = replace(gemm.skinny_plan(call, bn, bk, bps), fixup=how == "fixup")
     if stages:
@@ -181,7 +134,7 @@ def measure(
 
     def timer(fn: Any) -> float:
         """ms per call; skinny kernels (~10 us) by GPU time: do_bench would time their launch."""
-        return kernel_us(fn, clear=clear) / 1000 if kind != "hopper" else bench(fn, rounds)
+        return kernel_us(fn, clear=clear) / 1000 if kind == "skinny" else bench(fn, rounds)
 
     moved = 2 * k * n * 2  # the weight's bytes read and as many written
     weight_gbps = 0.0 if kind == "hopper" else moved / timer(copy_moving(moved)) / 1e6
@@ -210,7 +163,7 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kinds", default="hopper,skinny", help="hopper, skinny, swapped")
+    parser.add_argument("--kinds", default="hopper,skinny", help="which kernels to sweep")
     parser.add_argument("--only", default="", help="regex on 'kind label' of the candidates")
     parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 14))
     parser.add_argument("--rounds", type=int, default=3)
