@@ -60,13 +60,19 @@ def layer_norm_split(X, W, B, Y, n, eps, BLOCK: tl.constexpr, SPLIT: tl.constexp
 
 
 @triton.jit
-def layer_norm_halves(X, W, B, Y, n, eps, BLOCK: tl.constexpr):
-    """Two programs per row, both halves' sums in a single reduction."""
+def _halves(X, n, BLOCK: tl.constexpr):
+    """Two programs per row: the row, its start, and the columns of this program's half and of
+    the other's."""
     row = (tl.program_id(0) // 2).to(tl.int64)
     part = tl.program_id(0) % 2
-    x_row = X + row * n
     offs = tl.arange(0, BLOCK)
-    cols, other = part * BLOCK + offs, (1 - part) * BLOCK + offs
+    return row, X + row * n, part * BLOCK + offs, (1 - part) * BLOCK + offs
+
+
+@triton.jit
+def layer_norm_halves(X, W, B, Y, n, eps, BLOCK: tl.constexpr):
+    """Two programs per row, both halves' sums in a single reduction."""
+    row, x_row, cols, other = _halves(X, n, BLOCK)
     mask = cols < n
     x = tl.load(x_row + cols, mask=mask, other=0.0)
     o = tl.load(x_row + other, mask=other < n, other=0.0)
@@ -80,11 +86,7 @@ def layer_norm_halves(X, W, B, Y, n, eps, BLOCK: tl.constexpr):
 @triton.jit
 def softmax_halves(X, Y, n, BLOCK: tl.constexpr, VEC: tl.constexpr):
     """Two programs per row; each lane's (max, sum) pairs over both halves merge in one tree."""
-    row = (tl.program_id(0) // 2).to(tl.int64)
-    part = tl.program_id(0) % 2
-    x_row = X + row * n
-    offs = tl.arange(0, BLOCK)
-    cols, other = part * BLOCK + offs, (1 - part) * BLOCK + offs
+    row, x_row, cols, other = _halves(X, n, BLOCK)
     mask = cols < n
     x = tl.load(x_row + cols, mask=mask, other=-float("inf"))
     o = tl.load(x_row + other, mask=other < n, other=-float("inf"))
