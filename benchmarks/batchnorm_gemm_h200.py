@@ -268,20 +268,32 @@ def kernel_us(fn: Callable[[], Any], calls: int = 30, clear: str = "write") -> f
     """Median microseconds of GPU kernel time per call of `fn` (every kernel it launches), the
     L2 cleared before each call by writing (`clear` "write") or reading ("read") a 256 MB
     buffer; from torch.profiler's device-side durations."""
+    per_call = _kernels_per_call(fn, calls, clear)
+    return statistics.median(sum(e.time_range.elapsed_us() for e in call) for call in per_call)
 
+
+def kernel_breakdown(fn: Callable[[], Any], calls: int = 30, clear: str = "read") -> list:
+    """(name, median us) of each kernel one call of `fn` launches, in launch order."""
+    per_call = _kernels_per_call(fn, calls, clear)
+    return [
+        (call_events[0].name, statistics.median(e.time_range.elapsed_us() for e in call_events))
+        for call_events in zip(*per_call, strict=True)
+    ]
+
+
+def _kernels_per_call(fn: Callable[[], Any], calls: int, clear: str) -> list[list]:
+    """Each call's device kernels in launch order, the L2 cleared before each call."""
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
     clear_l2 = flush.zero_ if clear == "write" else lambda: flush.max()
     clearing = {e.name for e in _device_kernels(clear_l2, 1)}
     fn()
     torch.cuda.synchronize()
     kernels = [e for e in _device_kernels(fn, calls, clear_l2) if e.name not in clearing]
-    per_call = [0.0] * calls
     if len(kernels) % calls:
         raise RuntimeError(f"{len(kernels)} kernels over {calls} calls: cannot split them")
     each = len(kernels) // calls
-    for i, event in enumerate(sorted(kernels, key=lambda e: e.time_range.start)):
-        per_call[i // each] += event.time_range.elapsed_us()
-    return statistics.median(per_call)
+    ordered = sorted(kernels, key=lambda e: e.time_range.start)
+    return [ordered[i : i + each] for i in range(0, len(ordered), each)]
 
 
 def _device_kernels(fn: Callable[[], Any], calls: int, before: Callable[[], Any] | None = None):

@@ -9,7 +9,7 @@ each column tile), at decode shapes, scored as % of a same-run copy of the weigh
 weight read dominates), from GPU kernel times.
 
     python benchmarks/gemm_tiles_h200.py [--kinds hopper,skinny] [--workers 14] [--rounds 3]
-        [--clear write|read] [--only REGEX] [--out DIR]
+        [--clear write|read] [--only REGEX] [--shapes MxNxK,...] [--out DIR]
 
 Writes `<out>/gemm_tiles_<device>.md`. Candidates that fail to build are listed with the error.
 """
@@ -32,6 +32,9 @@ from provenance import git_commit
 
 SQUARE = [(4096, 4096, 4096), (8192, 8192, 8192)]
 SKINNY = [(1, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096), (1, 8192, 8192), (64, 8192, 8192)]
+# The Hopper kernel's decode tiles, unsplit: where it overtakes the split-K kernel in m.
+DECODE = [(16, 4096, 4096), (32, 4096, 4096), (64, 4096, 4096), (32, 8192, 8192),
+          (64, 8192, 8192), (64, 11008, 4096), (32, 14336, 4096)]  # fmt: skip
 DTYPE = torch.bfloat16
 
 
@@ -47,7 +50,8 @@ class Candidate:
         return " ".join(map(str, self.settings))
 
 
-def candidates() -> list[Candidate]:
+def candidates(shapes: list[tuple[int, int, int]] | None = None) -> list[Candidate]:
+    """Every candidate at its shapes, or at `shapes` (m <= 64: the decode candidates)."""
     hopper = [(128, 256, 64, s, p, "direct") for s in (3, 4) for p in ("Square", "FullRow")]
     hopper += [(128, 128, 64, s, p, "direct") for s in (4, 6) for p in ("Square", "FullRow")]
     hopper += [(256, 128, 64, 3, "FullCol", "direct"), (128, 192, 64, 4, "FullRow", "direct")]
@@ -75,9 +79,26 @@ def candidates() -> list[Candidate]:
     # its narrow N, TMA copies) trailed at every decode shape: 45.6 against 51.7% of copy at
     # 64x4096x4096, 65.5 against 72.8 at 1x4096x4096 (results/
     # gemm_tiles_skinny_swapped_clean_l2_nvidia_h200.md, the option of commit b4fc433).
-    return [Candidate("hopper", shape, h) for shape in SQUARE for h in hopper] + [
-        Candidate("skinny", shape, k) for shape in SKINNY for k in skinny
-    ]
+    # The Hopper kernel at m = 64 unsplit: narrow column tiles fill the grid and a deep TMA
+    # pipeline keeps the weight in flight (cuBLAS's choice there: a 64 x 32 tile, no split).
+    decode = [(64, bn, 128, s, "FullRow", "direct") for bn in (32, 64, 128)
+              for s in (4, 6, 7, 8, 9) if s * (64 + bn) * 128 * 2 <= 225 * 1024]  # fmt: skip
+    if shapes:
+        square = [s for s in shapes if s[0] > 64]
+        decoding = skinny_shapes = [s for s in shapes if s[0] <= 64]
+    else:
+        square, decoding, skinny_shapes = SQUARE, DECODE, list(dict.fromkeys(SKINNY + DECODE))
+    return (
+        [Candidate("hopper", shape, h) for shape in square for h in hopper]
+        + [Candidate("hopper", shape, h) for shape in decoding for h in decode]
+        + [Candidate("skinny", shape, k) for shape in skinny_shapes for k in skinny]
+    )
+
+
+def gemm_skinny_m() -> int:
+    from tileops_cuda.gemm import SKINNY_M
+
+    return SKINNY_M
 
 
 def call_for(shape: tuple[int, int, int]) -> Any:
@@ -96,7 +117,8 @@ def build(candidate: Candidate) -> Any:
     name = f"sweep/{candidate.kind}/{candidate.shape}/{candidate.settings}"
     if candidate.kind == "hopper":
         bm, bn, bk, stages, policy, epilogue = candidate.settings
-        tile = gemm.Tile(bm, bn, bk, 256, stages, policy, smem_epilogue=epilogue == "smem")
+        threads = 256 if bm >= 128 else 128  # a consumer warpgroup per 64 rows
+        tile = gemm.Tile(bm, bn, bk, threads, stages, policy, smem_epilogue=epilogue == "smem")
         program = build_program(name, lambda: gemm.gemm_program(call, tile, tma=True), 90,
                                  features="a")  # fmt: skip
         return gemm.GemmHopper(call, [program])
@@ -130,14 +152,14 @@ def measure(
     a = torch.randn(m, k, device="cuda", dtype=DTYPE)
     b = torch.randn(k, n, device="cuda", dtype=DTYPE)
     want = a.float() @ b.float()
-    kind = group[0].kind
+    decode = m <= gemm_skinny_m()
 
     def timer(fn: Any) -> float:
-        """ms per call; skinny kernels (~10 us) by GPU time: do_bench would time their launch."""
-        return kernel_us(fn, clear=clear) / 1000 if kind == "skinny" else bench(fn, rounds)
+        """ms per call; decode kernels (~10 us) by GPU time: do_bench would time their launch."""
+        return kernel_us(fn, clear=clear) / 1000 if decode else bench(fn, rounds)
 
     moved = 2 * k * n * 2  # the weight's bytes read and as many written
-    weight_gbps = 0.0 if kind == "hopper" else moved / timer(copy_moving(moved)) / 1e6
+    weight_gbps = moved / timer(copy_moving(moved)) / 1e6 if decode else 0.0
 
     def score(ms: float) -> str:
         if weight_gbps:
@@ -145,7 +167,8 @@ def measure(
         return f"{2 * m * n * k / ms / 1e9:.1f} TF/s"
 
     base = timer(lambda: torch.matmul(a, b))
-    lines = [f"\n## {kind} {m}x{n}x{k}\n",
+    kinds = "/".join(sorted({c.kind for c in group}))
+    lines = [f"\n## {kinds} {m}x{n}x{k}\n",
              "| candidate | ms | score | vs matmul | rel. error |", "|---|---|---|---|---|",
              f"| torch.matmul | {base:.4f} | {score(base)} | 1.00x | |"]  # fmt: skip
     for candidate in group:
@@ -165,6 +188,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kinds", default="hopper,skinny", help="which kernels to sweep")
     parser.add_argument("--only", default="", help="regex on 'kind label' of the candidates")
+    parser.add_argument("--shapes", default="", help="MxNxK,...: these shapes instead")
     parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 14))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
@@ -175,7 +199,8 @@ def main() -> None:
     )
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = parser.parse_args()
-    todo = [c for c in candidates() if c.kind in args.kinds.split(",")
+    shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",") if s]
+    todo = [c for c in candidates(shapes) if c.kind in args.kinds.split(",")
             and re.search(args.only, f"{c.kind} {c.label}")]  # fmt: skip
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(args.workers, mp_context=context) as pool:

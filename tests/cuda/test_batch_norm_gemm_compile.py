@@ -90,6 +90,15 @@ def test_hopper_gemm_uses_tma_and_wgmma(tilelang_cache):
     assert "warpgroup_reg_alloc" in source  # producer / consumer warp specialization
 
 
+def test_hopper_decode_tile_is_one_unsplit_kernel(tilelang_cache):
+    """m <= 64 on sm_90: one 64-row warpgroup tile over all of k, the weight by TMA."""
+    call = gemm_call(64, 4096, 4096, torch.bfloat16)
+    _, kernel = build(gemm.GemmHopper, call, 90)
+    (source,) = sources(kernel)
+    assert "tl::tma_load" in source and "tl::wgmma_ss" in source
+    assert "float* __restrict__" not in source.split("{")[0]  # no float32 partials
+
+
 def test_hopper_gemm_smem_epilogue_stores_c_with_tma(tilelang_cache):
     """The Hopper tile stages C in shared memory and stores it by TMA (Tile.smem_epilogue);
     its 64 KB C tile takes one of the four pipeline stages' room."""

@@ -161,6 +161,9 @@ GEMM_SHAPES = [
     (33, 11008, 4096),
     (64, 14336, 4096),
     (64, 4095, 4097),
+    (48, 4096, 4096),  # the Hopper kernel's decode tile: rows past m out of TMA's bounds
+    (57, 8192, 8192),
+    (50, 24, 8),  # one k tile, columns past n
 ]
 GEMM_KERNELS = {
     gemm.GemmGeneral: GEMM_SHAPES,

@@ -239,8 +239,12 @@ def test_split_chunks_bucket_batch_sizes():
 
 GEMM_EDGES = [
     ((1, 4096, 4096), 90, "tilelang_gemm_skinny"),
-    ((64, 4096, 4096), 90, "tilelang_gemm_skinny"),
-    ((64, 4095, 4097), 80, "tilelang_gemm_skinny"),  # misaligned: skinny has no TMA
+    ((47, 4096, 4096), 90, "tilelang_gemm_skinny"),
+    ((48, 4096, 4096), 90, "tilelang_gemm_hopper"),  # decode tile: unsplit, faster from m = 48
+    ((64, 4096, 4096), 90, "tilelang_gemm_hopper"),
+    ((64, 4096, 4096), 80, "tilelang_gemm_skinny"),
+    ((64, 4095, 4097), 90, "tilelang_gemm_skinny"),  # misaligned: skinny has no TMA
+    ((64, 4095, 4097), 80, "tilelang_gemm_skinny"),
     ((65, 4096, 4096), 90, "tilelang_gemm_hopper"),
     ((4096, 4096, 4096), 90, "tilelang_gemm_hopper"),
     ((4096, 4104, 8), 90, "tilelang_gemm_hopper"),
@@ -283,6 +287,9 @@ def test_gemm_refusals_say_why():
         assert "padding them costs more" in gemm.GemmHopper.refusal(gemm_call(2048, 4095, 4096))
         assert "tf32" in gemm.GemmGeneral.refusal(gemm_call(64, 64, 64, torch.float32))
         assert "m <= 64" in gemm.GemmSkinny.refusal(gemm_call(65, 64, 64))
+        assert "m=48 >= 48 on sm_90: tilelang_gemm_hopper streams the weight faster" in (
+            gemm.GemmSkinny.refusal(gemm_call(48, 64, 64))
+        )
         assert "float64" in gemm.GemmGeneral.refusal(gemm_call(64, 64, 64, torch.float64))
 
 
@@ -309,6 +316,8 @@ def test_gemm_identities_bake_n_and_k_and_bucket_m():
         assert hopper.entry_for(gemm_call(4096, 4095, 4089))[0] == base
         buckets = {skinny.entry_for(gemm_call(m, 4096, 4096))[0] for m in range(1, 65)}
         assert len(buckets) == 4  # row tiles of 16 (m = 1 apart: its fixup), 32 and 64
+        decode = {hopper.entry_for(gemm_call(m, 4096, 4096))[0] for m in range(1, 65)}
+        assert len(decode) == 1 and hopper.entry_for(gemm_call(65, 4096, 4096))[0] not in decode
 
 
 def test_tile_rules_follow_the_device():
@@ -325,6 +334,21 @@ def test_tile_rules_follow_the_device():
     for tile, budget in ((ampere, 101376), (a100, 166912)):
         assert tile.stages * tile.stage_bytes(2) <= budget - gemm.SMEM_RESERVE
     assert ampere.stages < a100.stages or ampere.stages == gemm.MAX_STAGES
+
+
+def test_decode_tile_takes_the_narrowest_columns_that_fit_one_wave():
+    """m <= 64 on the Hopper kernel: 64 rows, n in as many column tiles as one wave holds."""
+    facts = SIMULATED[90]
+    with simulate_device("cuda:0", arch=90, **facts):
+        tiles = {n: gemm.GemmHopper.plan(gemm_call(64, n, 4096)) for n in (4096, 8192, 11008)}
+    with simulate_device("cuda:0", arch=90, **{**facts, "sm_count": 60}):
+        few = gemm.GemmHopper.plan(gemm_call(64, 4096, 4096))
+    with simulate_device("cuda:0", arch=90, **{**facts, "smem_budget": 101376}):
+        small = gemm.GemmHopper.plan(gemm_call(64, 4096, 4096))
+    shapes = {n: (t.block_m, t.block_n, t.block_k, t.stages) for n, t in tiles.items()}
+    assert shapes == {4096: (64, 64, 128, 6), 8192: (64, 64, 128, 6), 11008: (64, 128, 128, 4)}
+    assert few.block_n == 128  # 64 tiles of 64 columns would leave a second wave
+    assert small.stages == 3  # as many 32 KB stages as 99 KB hold
 
 
 # -- beside the Triton backend (installed in this environment) -------------------------------

@@ -3,7 +3,8 @@ split-K kernel for skinny calls. All take float16 / bfloat16 and accumulate in f
 
 | key                   | archs      | serves                          | preferred over          |
 |-----------------------|------------|---------------------------------|-------------------------|
-| tilelang_gemm_skinny  | sm_80..90  | m <= 64, k > 0                  | tilelang_gemm, _hopper  |
+| tilelang_gemm_skinny  | sm_80..90  | m <= 64, k > 0; on sm_90 from   | tilelang_gemm, _hopper  |
+|                       |            | m = 48 only what TMA can't take |                         |
 | tilelang_gemm_hopper  | sm_90      | k > 0; n, k multiples of 8 or   | tilelang_gemm           |
 |                       |            | padded to them from 2^36 flops  |                         |
 | tilelang_gemm         | sm_80..90  | every 16-bit call (k == 0: 0s)  |                         |
@@ -14,9 +15,9 @@ Triton or reference kernels serve it.
 
 Symbolic vs baked: n and k are the weight's shape and are baked in (static strides, exact tail
 masks, one build per layer); m, the tokens or batch, is symbolic, so one build serves every m
-that the tile rule maps to the same tiles. The skinny kernel bakes in its m bucket (16, 32 or
-64: its row tile; m = 1 apart, for its fixup) and the split of k, which follows from n, k and
-the device.
+that the tile rule maps to the same tiles (m <= 64: the decode tile). The skinny kernel bakes
+in its m bucket (16, 32 or 64: its row tile; m = 1 apart, for its fixup) and the split of k,
+which follows from n, k and the device.
 
 Tile rules are rules over the device facts; their constants come from the H200 sweeps of
 benchmarks/gemm_tiles_h200.py (results/gemm_tiles_hopper_skinny_nvidia_h200.md, and
@@ -119,6 +120,19 @@ HOPPER_TILES = (
 GENERAL_TILES = (Tile(128, 256, 32, 256), Tile(128, 128, 32, 128), Tile(64, 64, 32, 128))
 # Skinny: narrow columns (more blocks along n), deep k (long weight streams per stage).
 SKINNY_BLOCK_N, SKINNY_BLOCK_K, SKINNY_THREADS = 64, 64, 128
+# Decode on the Hopper kernel (m <= SKINNY_M): one 64-row tile (a warpgroup's wgmma), k unsplit
+# (no partials, no second kernel) and a deep TMA pipeline of 128-deep stages. Column tile: the
+# narrowest of DECODE_BLOCK_NS whose tiles fit one wave. From m = DECODE_HOPPER_M it beats the
+# split-K kernel: 68.7-70.4 against 51.6% of copy at 64x4096x4096 (cuBLAS 70.9), 91.1 against
+# 86.9 at 64x8192x8192, 81.7 against 65.1 at 64x11008x4096, 69.5 against 51.8 at 48x4096x4096.
+# Below it TMA's out-of-bounds rows of A cost too much (the kernel on 16 rows: 17.0 us, on the
+# same rows zero-padded to 64: 10.9): at m = 33 it trails at 8192x8192 (76.3 against 87.7),
+# and the 32-column tile trails the 64 at m = 48 (56.5 against 69.5), so none is used.
+# (results/gemm_tiles_hopper_skinny_clean_l2_nvidia_h200.md)
+DECODE_HOPPER_M = 48
+DECODE_BLOCK_NS = (64, 128)
+DECODE_BLOCK_K = 128
+DECODE_MAX_STAGES = 6
 # Padding a misaligned call for TMA costs three copies and their host time; from 2^36 flops
 # (about 110 us of GEMM) the Hopper kernel still wins by 3x (4096 x 4095 x 4096: 463 TFLOP/s
 # against cuBLAS's 143), below it the host time sinks it (1000 x 1001 x 999: 19 against 48
@@ -149,12 +163,28 @@ def _tiles(call: GemmCall, tile: Tile) -> int:
     return _ceil_div(call.m, tile.block_m) * _ceil_div(call.n, tile.block_n)
 
 
-def _with_stages(tile: Tile, call: GemmCall, k_tiles: int) -> Tile:
+def _with_stages(tile: Tile, call: GemmCall, k_tiles: int, most: int = MAX_STAGES) -> Tile:
     itemsize = HALF[call.dtype]
     room = call.smem_budget - SMEM_RESERVE - tile.epilogue_bytes(itemsize)
     fit = room // tile.stage_bytes(itemsize)
-    stages = max(MIN_STAGES, min(MAX_STAGES, fit, k_tiles))
+    stages = max(MIN_STAGES, min(most, fit, k_tiles))
     return replace(tile, stages=stages)
+
+
+def decode_tile(call: GemmCall) -> Tile:
+    """The Hopper kernel's tile for m <= SKINNY_M: 64 rows, the narrowest column tile whose
+    tiles fit one wave (the most blocks streaming the weight, none waiting), up to
+    DECODE_MAX_STAGES stages of DECODE_BLOCK_K."""
+    fits = [bn for bn in DECODE_BLOCK_NS if _ceil_div(call.n, bn) <= call.sm_count]
+    block_n = fits[0] if fits else DECODE_BLOCK_NS[-1]
+    tile = Tile(64, block_n, DECODE_BLOCK_K, 128, policy="FullRow")
+    return _with_stages(tile, call, _ceil_div(call.k, DECODE_BLOCK_K), DECODE_MAX_STAGES)
+
+
+def tma_misaligned(call: GemmCall) -> bool:
+    """n or k not a multiple of 8 (16-bit): their rows are not 16-byte aligned for TMA."""
+    align = TMA_ALIGN_BYTES // HALF.get(call.dtype, 2)
+    return bool(call.n % align or call.k % align)
 
 
 @dataclass(frozen=True)
@@ -283,12 +313,11 @@ class GemmHopper(_Gemm):
     def region_refusal(cls, call: GemmCall) -> str | None:
         if call.k == 0:
             return "k == 0 leaves nothing to multiply: tilelang_gemm returns the zeros"
-        align = TMA_ALIGN_BYTES // HALF[call.dtype]
-        if (call.n % align or call.k % align) and 2 * call.m * call.n * call.k < PAD_MIN_FLOPS:
+        if tma_misaligned(call) and 2 * call.m * call.n * call.k < PAD_MIN_FLOPS:
             return (
                 f"TMA needs 16-byte aligned rows: n={call.n} and k={call.k} are not both "
-                f"multiples of {align}, and below {PAD_MIN_FLOPS} flops padding them costs more "
-                "than it saves; tilelang_gemm serves it"
+                f"multiples of {TMA_ALIGN_BYTES // HALF[call.dtype]}, and below {PAD_MIN_FLOPS} "
+                "flops padding them costs more than it saves; tilelang_gemm serves it"
             )
         return None
 
@@ -301,7 +330,7 @@ class GemmHopper(_Gemm):
 
     @classmethod
     def plan(cls, call: GemmCall) -> Tile:
-        return pick_tile(call, HOPPER_TILES)
+        return decode_tile(call) if call.m <= SKINNY_M else pick_tile(call, HOPPER_TILES)
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         k, n = b.shape
@@ -318,7 +347,8 @@ class GemmHopper(_Gemm):
 class GemmSkinny(_Gemm):
     """m <= 64 (decode): a weight-streaming split-K kernel, n in 64-column tiles and k split
     over blocks, float32 partials summed by a second kernel, or at m = 1 by the last block of
-    each column tile (the fixup); one kernel when k is not split."""
+    each column tile (the fixup); one kernel when k is not split. On sm_90 from
+    DECODE_HOPPER_M rows it leaves the TMA-aligned calls to the Hopper kernel's decode tile."""
 
     supported_archs = AMPERE_AND_LATER
     preferred_over = frozenset({"tilelang_gemm", "tilelang_gemm_hopper"})
@@ -329,6 +359,12 @@ class GemmSkinny(_Gemm):
             return "k == 0 leaves nothing to multiply: tilelang_gemm returns the zeros"
         if call.m > SKINNY_M:
             return f"skinny serves m <= {SKINNY_M}, not m={call.m}"
+        if call.m >= DECODE_HOPPER_M and call.arch in GemmHopper.supported_archs:
+            if not tma_misaligned(call):
+                return (
+                    f"m={call.m} >= {DECODE_HOPPER_M} on sm_{call.arch}: tilelang_gemm_hopper "
+                    "streams the weight faster unsplit (TMA, wgmma)"
+                )
         return None
 
     @classmethod
@@ -426,6 +462,12 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
     split_k = plan.splits > 1
     m = T.dynamic("m")
 
+    # The fixup's sum: each thread takes `vec` adjacent columns (one 16-byte float32 read per
+    # split where n allows) and its passes are unrolled, so every split's reads are in flight at
+    # once: the sum costs one L2 round trip, not one per element.
+    vec = min(vector_width(n, torch.float32), bn)
+    passes = _ceil_div(bm * bn, tile.threads * vec)
+
     @T.macro
     def fixup(P, Count, C, bx):
         """The split-k fixup: each block counts itself in for its column tile once its partials
@@ -438,14 +480,18 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
             arrived[0] = T.atomic_add(Count[bx], 1, memory_order="acq_rel", return_prev=True)
         T.sync_threads()
         if arrived[0] == plan.splits - 1:
-            for i in T.serial(T.ceildiv(m * bn, tile.threads)):
-                row = (i * tile.threads + tx) // bn
-                col = bx * bn + (i * tile.threads + tx) % bn
+            for i in T.unroll(passes):
+                row = ((i * tile.threads + tx) * vec) // bn
+                col = bx * bn + ((i * tile.threads + tx) * vec) % bn
                 if row < m and col < n:
-                    total = T.alloc_var("float32", init=0.0)
-                    for s in T.unroll(plan.splits):
-                        total += P[s * bm + row, col]
-                    C[row, col] = total
+                    total = T.alloc_local((vec,), "float32")
+                    for v in T.vectorized(vec):
+                        total[v] = P[row, col + v]
+                    for s in T.unroll(1, plan.splits):
+                        for v in T.vectorized(vec):
+                            total[v] += P[s * bm + row, col + v]
+                    for v in T.vectorized(vec):
+                        C[row, col + v] = total[v]
             if tx == 0:
                 Count[bx] = 0
 
