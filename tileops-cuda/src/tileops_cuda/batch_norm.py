@@ -89,6 +89,7 @@ SMEM_CHANNEL_THREADS = 512
 INFER_THREADS = 256
 INFER_VECTORS = 4
 PARTIAL_FIELDS = 3  # count, mean, M2 of one split's values
+SUM_FIELDS = 4  # a thread's count, shift, sum of (x - shift) and of its squares
 
 
 def f32(value: Any) -> Any:
@@ -677,11 +678,13 @@ def _held_channel_body(shape: _Shape, batch: int, plan: RowPlan):
 
 
 def _welford(shape: _Shape, threads: int):
-    """Macros of the streamed layouts: fold one vector into a thread's (count, mean, M2), and
-    merge (count, mean, M2) across the block (Chan et al.), every thread getting the result."""
+    """Macros of the streamed layouts: a thread's shifted sums of its vectors (start, fold),
+    turned into (count, mean, M2) (welford_of) and merged across the block (Chan et al.),
+    every thread getting the result."""
     import tilelang.language as T
 
     vec, runs = shape.vec, shape.runs
+    vectors = shape.batch * runs
     nwarps = threads // WARP
     offsets = [WARP >> i for i in range(1, WARP.bit_length())]  # 16, 8, 4, 2, 1
 
@@ -695,17 +698,31 @@ def _welford(shape: _Shape, threads: int):
         st[0] = total
 
     @T.macro
-    def fold(X, c, j, st, t):
+    def start(X, c, j, acc):
+        """A thread's sums begin at its first value (the shift): sums of (x - shift) and of
+        its squares then stay near the spread of the values, so M2 = S2 - S1^2 / n keeps its
+        digits, and each vector costs adds and multiplies only (no division per vector)."""
+        for f in T.unroll(SUM_FIELDS):
+            acc[f] = 0.0
+        if j < vectors:
+            acc[1] = f32(X[j // runs, c, (j % runs) * vec])
+
+    @T.macro
+    def fold(X, c, j, acc, t):
         for v in T.vectorized(vec):
             t[v] = f32(X[j // runs, c, (j % runs) * vec + v])
-        part = T.alloc_var("float32", init=0.0)
         for v in T.unroll(vec):
-            part += t[v]
-        part_mean = part / vec
-        part_m2 = T.alloc_var("float32", init=0.0)
-        for v in T.unroll(vec):
-            part_m2 += (t[v] - part_mean) * (t[v] - part_mean)
-        merge(st, float(vec), part_mean, part_m2)
+            acc[2] += t[v] - acc[1]
+            acc[3] += (t[v] - acc[1]) * (t[v] - acc[1])
+        acc[0] += float(vec)
+
+    @T.macro
+    def welford_of(acc, st):
+        """(count, shift, S1, S2) as (count, mean, M2), for the merges."""
+        n = T.max(acc[0], 1.0)
+        st[0] = acc[0]
+        st[1] = acc[1] + acc[2] / n
+        st[2] = T.max(acc[3] - acc[2] * acc[2] / n, 0.0)
 
     @T.macro
     def block_merge(st, scratch, lane):
@@ -724,7 +741,7 @@ def _welford(shape: _Shape, threads: int):
             for w in T.unroll(1, nwarps):
                 merge(st, scratch[0, w], scratch[1, w], scratch[2, w])
 
-    return fold, merge, block_merge
+    return start, fold, welford_of, merge, block_merge
 
 
 def _streamed_body(shape: _Shape):
@@ -732,7 +749,7 @@ def _streamed_body(shape: _Shape):
     import tilelang.language as T
 
     normalized, update_stats = _epilogue(shape)
-    fold, _, block_merge = _welford(shape, TILED_THREADS)
+    start, fold, welford_of, _, block_merge = _welford(shape, TILED_THREADS)
     threads, vec, runs = TILED_THREADS, shape.vec, shape.runs
     vectors = shape.batch * runs
 
@@ -740,14 +757,15 @@ def _streamed_body(shape: _Shape):
     def body(X, W, Bias, RM, RV, Y):
         with T.Kernel(shape.channels, threads=threads) as c:
             lane = T.get_thread_binding()
+            acc = T.alloc_local((SUM_FIELDS,), "float32")
             st = T.alloc_local((PARTIAL_FIELDS,), "float32")
             t = T.alloc_local((vec,), "float32")
             scratch = T.alloc_shared((PARTIAL_FIELDS, threads // WARP), "float32")
-            for f in T.unroll(PARTIAL_FIELDS):
-                st[f] = 0.0
+            start(X, c, lane, acc)
             for k in T.serial(T.ceildiv(vectors, threads)):
                 if k * threads + lane < vectors:
-                    fold(X, c, k * threads + lane, st, t)
+                    fold(X, c, k * threads + lane, acc, t)
+            welford_of(acc, st)
             block_merge(st, scratch, lane)
             var = st[2] / st[0]
             rstd = T.rsqrt(var + shape.eps)
@@ -767,7 +785,7 @@ def partials_program(call: BatchNormCall, chunk: int) -> Any:
     import tilelang.language as T
 
     shape = _Shape(call)
-    fold, _, block_merge = _welford(shape, SPLIT_THREADS)
+    start, fold, welford_of, _, block_merge = _welford(shape, SPLIT_THREADS)
     threads, vec = SPLIT_THREADS, shape.vec
     vectors = shape.batch * shape.runs
     splits = T.dynamic("splits")
@@ -776,15 +794,16 @@ def partials_program(call: BatchNormCall, chunk: int) -> Any:
     def body(X, P):
         with T.Kernel(splits, shape.channels, threads=threads) as (split, c):
             lane = T.get_thread_binding()
+            acc = T.alloc_local((SUM_FIELDS,), "float32")
             st = T.alloc_local((PARTIAL_FIELDS,), "float32")
             t = T.alloc_local((vec,), "float32")
             scratch = T.alloc_shared((PARTIAL_FIELDS, threads // WARP), "float32")
-            for f in T.unroll(PARTIAL_FIELDS):
-                st[f] = 0.0
+            start(X, c, split * chunk + lane, acc)
             for k in T.unroll(chunk // threads, annotations={"pragma_unroll_factor": 4}):
                 j = split * chunk + k * threads + lane
                 if j < vectors:
-                    fold(X, c, j, st, t)
+                    fold(X, c, j, acc, t)
+            welford_of(acc, st)
             block_merge(st, scratch, lane)
             if lane == 0:
                 for f in T.unroll(PARTIAL_FIELDS):
@@ -812,7 +831,7 @@ def finish_program(call: BatchNormCall, chunk: int) -> Any:
 
     shape = _Shape(call)
     normalized, update_stats = _epilogue(shape)
-    _, merge, block_merge = _welford(shape, SPLIT_THREADS)
+    *_, merge, block_merge = _welford(shape, SPLIT_THREADS)
     threads, vec, runs = SPLIT_THREADS, shape.vec, shape.runs
     vectors = shape.batch * runs
     splits = T.dynamic("splits")
