@@ -41,7 +41,7 @@ def rows_for(shape: tuple[int, int, int]) -> list[str]:
     contenders = {}
     for key in KEYS:
         cls = tileops_cuda.KERNELS[BatchNormFwdOp][key]
-        if cls.layout == "cluster_channel" and cluster_channel_plan(call) is None:
+        if key == "tilelang_bn_cluster_channel" and cluster_channel_plan(call) is None:
             continue  # 16 blocks' shared memory cannot hold the channel
         kernel = cls.entry_for(call)[1]()
         contenders[key] = lambda kernel=kernel: kernel(x, w, b, rm, rv)
