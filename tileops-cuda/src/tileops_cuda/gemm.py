@@ -68,7 +68,10 @@ SKINNY_BLOCKS_PER_SM = 1
 MIN_K_TILES_PER_SPLIT = 4
 # Up to this m a split k is summed by the fixup (SkinnyPlan.fixup): at m = 1 it beat the
 # second kernel by 3-10% (n = k = 4096: 59-61% of copy against 54-55%; 8192: 78% against 74%),
-# while at m = 16 and 64 the last block's serial sum of every split cost more than a launch.
+# while from m = 16 the last block's sum, even vectorized with every split's reads in flight,
+# trails the second kernel by kernel time (clean L2, n = k = 4096: 71.2 against 71.7% of copy
+# at m = 16, 63.3 against 66.4 at 32, 48.7 against 51.7 at 64; its serial sum had cost 40% more
+# than the launch at m = 64).
 SKINNY_FIXUP_MAX_M = 1
 REDUCE_THREADS = 256
 # TileLang lowerings that would pick wgmma and warp specialization on sm_90: off for the
