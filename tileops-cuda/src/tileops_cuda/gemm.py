@@ -362,12 +362,12 @@ class GemmSkinny(_Gemm):
             return "k == 0 leaves nothing to multiply: tilelang_gemm returns the zeros"
         if call.m > SKINNY_M:
             return f"skinny serves m <= {SKINNY_M}, not m={call.m}"
-        if call.m >= DECODE_HOPPER_M and call.arch in GemmHopper.supported_archs:
-            if not tma_misaligned(call):
-                return (
-                    f"m={call.m} >= {DECODE_HOPPER_M} on sm_{call.arch}: tilelang_gemm_hopper "
-                    "streams the weight faster unsplit (TMA, wgmma)"
-                )
+        on_hopper = call.arch in GemmHopper.supported_archs and not tma_misaligned(call)
+        if call.m >= DECODE_HOPPER_M and on_hopper:
+            return (
+                f"m={call.m} >= {DECODE_HOPPER_M} on sm_{call.arch}: tilelang_gemm_hopper "
+                "streams the weight faster unsplit (TMA, wgmma)"
+            )
         return None
 
     @classmethod
@@ -470,6 +470,7 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
     # once: the sum costs one L2 round trip, not one per element.
     vec = min(vector_width(n, torch.float32), bn)
     passes = _ceil_div(bm * bn, tile.threads * vec)
+    sum_splits = split_sum(plan, vec)
 
     @T.macro
     def fixup(P, Count, C, bx):
@@ -487,14 +488,7 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
                 row = ((i * tile.threads + tx) * vec) // bn
                 col = bx * bn + ((i * tile.threads + tx) * vec) % bn
                 if row < m and col < n:
-                    total = T.alloc_local((vec,), "float32")
-                    for v in T.vectorized(vec):
-                        total[v] = P[row, col + v]
-                    for s in T.unroll(1, plan.splits):
-                        for v in T.vectorized(vec):
-                            total[v] += P[s * bm + row, col + v]
-                    for v in T.vectorized(vec):
-                        C[row, col + v] = total[v]
+                    sum_splits(P, C, row, col)
             if tx == 0:
                 Count[bx] = 0
 
@@ -536,6 +530,25 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
     return tiles.prim_func(main, dtype, A=(m, k), B=(k, n), C=(m, n))
 
 
+def split_sum(plan: SkinnyPlan, vec: int) -> Any:
+    """C[row, col:col + vec] = the sum over splits of P[split * block_m + row, col:col + vec],
+    in float32, rounded once: the fixup's and the reduce kernel's sum."""
+    import tilelang.language as T
+
+    @T.macro
+    def sum_splits(P, C, row, col):
+        total = T.alloc_local((vec,), "float32")
+        for v in T.vectorized(vec):
+            total[v] = P[row, col + v]
+        for s in T.unroll(1, plan.splits):
+            for v in T.vectorized(vec):
+                total[v] += P[s * plan.tile.block_m + row, col + v]
+        for v in T.vectorized(vec):
+            C[row, col + v] = total[v]
+
+    return sum_splits
+
+
 def reduce_program(call: GemmCall, plan: SkinnyPlan) -> Any:
     """C[row, col] = sum over splits of P[split * block_m + row, col], in float32, rounded once.
     Threads take consecutive vectors of C (coalesced reads of every split's rows)."""
@@ -547,19 +560,12 @@ def reduce_program(call: GemmCall, plan: SkinnyPlan) -> Any:
     vec = vector_width(n, torch.float32)
     runs = n // vec
     m = T.dynamic("m")
+    sum_splits = split_sum(plan, vec)
 
     def main(P, C):
         with T.Kernel(T.ceildiv(m * runs, REDUCE_THREADS), threads=REDUCE_THREADS) as bx:
             g = bx * REDUCE_THREADS + T.get_thread_binding()
-            acc = T.alloc_local((vec,), "float32")
             if g < m * runs:
-                row, col = g // runs, (g % runs) * vec
-                for v in T.vectorized(vec):
-                    acc[v] = P[row, col + v]
-                for s in T.unroll(1, plan.splits):
-                    for v in T.vectorized(vec):
-                        acc[v] += P[s * bm + row, col + v]
-                for v in T.vectorized(vec):
-                    C[row, col + v] = acc[v]
+                sum_splits(P, C, g // runs, (g % runs) * vec)
 
     return tiles.prim_func(main, dtype, {"P": "float32"}, P=(plan.splits * bm, n), C=(m, n))
