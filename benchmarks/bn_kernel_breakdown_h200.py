@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from batchnorm_gemm_h200 import EPS, MOMENTUM, bn_call_for, bn_params, kernel_breakdown, kernel_us
-from provenance import git_commit
+from provenance import git_commit, write_markdown
 
 SHAPES = "256x256x3136,256x128x3136,256x64x12544,256x512x784,4x128x1048576"
 KEYS = ("tilelang_bn_split_channel", "tilelang_bn_cluster_channel", "tilelang_bn_tiled",
@@ -76,11 +76,7 @@ def main() -> None:
              "|---|---|---|---|---|"]  # fmt: skip
     for spec in args.shapes.split(","):
         lines += rows_for(tuple(map(int, spec.split("x"))))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"bn_kernel_breakdown_{device.replace(' ', '_').lower()}.md"
-    path.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_markdown(args.out, "bn_kernel_breakdown", device, lines)
 
 
 if __name__ == "__main__":

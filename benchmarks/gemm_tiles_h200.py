@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 from batchnorm_gemm_h200 import bench, copy_moving, kernel_us
-from provenance import git_commit
+from provenance import git_commit, write_markdown
 
 SQUARE = [(4096, 4096, 4096), (8192, 8192, 8192)]
 SKINNY = [(1, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096), (1, 8192, 8192), (64, 8192, 8192)]
@@ -217,12 +217,8 @@ def main() -> None:
     for shape in dict.fromkeys(c.shape for c in todo):
         group = [c for c in todo if c.shape == shape]
         lines += measure(shape, group, errors, args.rounds, args.clear)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     kinds = args.kinds.replace(",", "_") + ("_clean_l2" if args.clear == "read" else "")
-    stem = f"gemm_tiles_{kinds}_{device.replace(' ', '_').lower()}"
-    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_markdown(args.out, f"gemm_tiles_{kinds}", device, lines)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""The commit a benchmark result is stamped with."""
+"""The commit a benchmark result is stamped with, and where the result is written."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 
 def git_commit() -> str:
@@ -18,3 +19,13 @@ def git_commit() -> str:
         return out.stdout.strip() or "unknown"
     except OSError:
         return "unknown"
+
+
+def write_markdown(out: str | Path, prefix: str, device: str, lines: list[str]) -> Path:
+    """`lines` as `<out>/<prefix>_<device>.md` (the device name lower-cased, spaces as _),
+    echoed to stdout."""
+    path = Path(out) / f"{prefix}_{device.replace(' ', '_').lower()}.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return path

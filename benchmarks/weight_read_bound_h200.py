@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 from batchnorm_gemm_h200 import kernel_breakdown, kernel_us
-from provenance import git_commit
+from provenance import git_commit, write_markdown
 
 SIZES_MB = (16, 32, 64, 128, 1024)
 DECODE = [(m, n, n) for n in (4096, 8192) for m in (1, 16, 64)]
@@ -96,11 +96,7 @@ def main() -> None:
               "|---|---|---|---|"]  # fmt: skip
     for shape in DECODE:
         lines += decode_kernels(shape)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"weight_read_bound_{device.replace(' ', '_').lower()}.md"
-    path.write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_markdown(args.out, "weight_read_bound", device, lines)
 
 
 if __name__ == "__main__":
