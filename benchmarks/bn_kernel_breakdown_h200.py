@@ -22,8 +22,11 @@ from batchnorm_gemm_h200 import EPS, MOMENTUM, bn_call_for, bn_params, kernel_br
 from provenance import git_commit, write_markdown
 
 SHAPES = "256x256x3136,256x128x3136,256x64x12544,256x512x784,4x128x1048576"
-KEYS = ("tilelang_bn_split_channel", "tilelang_bn_cluster_channel", "tilelang_bn_tiled",
-        "tilelang_bn_infer")  # fmt: skip
+KEYS = ("tilelang_bn_split_channel", "tilelang_bn_cluster_channel", "tilelang_bn_group_channel",
+        "tilelang_bn_tiled", "tilelang_bn_infer")  # fmt: skip
+
+
+HELD_IN_PARTS = ("tilelang_bn_cluster_channel", "tilelang_bn_group_channel")
 
 
 def rows_for(shape: tuple[int, int, int]) -> list[str]:
@@ -41,7 +44,7 @@ def rows_for(shape: tuple[int, int, int]) -> list[str]:
     contenders = {}
     for key in KEYS:
         cls = tileops_cuda.KERNELS[BatchNormFwdOp][key]
-        if key == "tilelang_bn_cluster_channel" and cluster_channel_plan(call) is None:
+        if key in HELD_IN_PARTS and cluster_channel_plan(call) is None:
             continue  # 16 blocks' shared memory cannot hold the channel
         kernel = cls.entry_for(call)[1]()
         contenders[key] = lambda kernel=kernel: kernel(x, w, b, rm, rv)

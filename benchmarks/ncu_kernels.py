@@ -1,7 +1,8 @@
 """One tileops call launched a few times, for Nsight Compute to profile on the GPU.
 
 Cases: `<op>_<n>_<params>` (op ln, rms or softmax; M * n = 2^26 bfloat16 elements; params wb,
-w or none) or `gemm_<m>_<n>_<k>` (bfloat16). The first call compiles; profile later launches:
+w or none), `gemm_<m>_<n>_<k>` or `bn_<batch>_<channels>_<spatial>_<train|infer>` (BatchNorm
+with weight, bias and running stats; bfloat16). The first call compiles; profile later launches:
 
     ncu --clock-control none -k regex:main_kernel --launch-skip 2 --launch-count 2 \\
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \\
@@ -24,6 +25,8 @@ OPS = {"ln": "layer_norm", "rms": "rms_norm", "softmax": "softmax"}
 def call_of(case: str) -> Callable[[], torch.Tensor]:
     """The tileops call that `case` names, its inputs made once."""
     kind, *rest = case.split("_")
+    if kind == "bn":
+        return batch_norm_call(*map(int, rest[:3]), training=rest[3] == "train")
     if kind == "gemm":
         from tileops.ops import GemmOp
 
@@ -38,6 +41,15 @@ def call_of(case: str) -> Callable[[], torch.Tensor]:
     kept = {"wb": 2, "w": 1, "none": 0}[params]
     args = (x, *args[1 : 1 + kept], *(None,) * (len(args) - 1 - kept))
     return lambda: op(*args)
+
+
+def batch_norm_call(batch: int, channels: int, spatial: int, training: bool):
+    from tileops.ops import BatchNormFwdOp
+
+    x = torch.randn(batch, channels, spatial, device="cuda", dtype=torch.bfloat16)
+    params = [torch.rand(channels, device="cuda", dtype=x.dtype) for _ in range(4)]
+    op = BatchNormFwdOp(channels, training=training)
+    return lambda: op(x, *params)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ BN_CALLS = {
     "tilelang_bn_block_channel": bn_call(32, 64, 196, torch.float16, param_dtype=torch.float32),
     "tilelang_bn_smem_channel": bn_call(32, 256, 784, torch.bfloat16, has_bias=False),
     "tilelang_bn_cluster_channel": bn_call(32, 64, 3136, torch.bfloat16, has_running_stats=False),
+    "tilelang_bn_group_channel": bn_call(2, 3, 200001, torch.float16, param_dtype=torch.float32),
     "tilelang_bn_split_channel": bn_call(4, 128, 1 << 20, torch.bfloat16),
     "tilelang_bn_tiled": bn_call(256, 1024, 196, torch.float32),
     "tilelang_bn_infer": bn_call(32, 256, 3136, torch.bfloat16, has_weight=False),
@@ -67,6 +68,15 @@ def test_split_channel_entry_holds_the_partial_and_finish_kernels(tilelang_cache
     partials, finish = sources(kernel)
     assert "float* __restrict__ P" in partials and "Y" not in partials.split("{")[0]
     assert "const float* __restrict__ P" in finish and "bfloat16_t* __restrict__ Y" in finish
+
+
+def test_group_channel_meets_through_global_memory_without_clusters(tilelang_cache):
+    _, kernel = build(batch_norm.BatchNormGroupChannel, BN_CALLS["tilelang_bn_group_channel"], 90)
+    (source,) = sources(kernel)
+    assert "int* __restrict__ Q" in source  # the arrival counts and the ticket counter
+    assert "tileops_take_ticket" in source and "tileops_arrive_and_wait" in source
+    assert "ld.acquire.gpu" in source and "tileops_load_l2" in source
+    assert "cluster" not in source.split("tileops_load_l2(const")[1]
 
 
 def test_batch_norm_without_affine_or_stats_compiles(tilelang_cache):

@@ -31,6 +31,8 @@ BN_REGIONS = {
     batch_norm.BatchNormBlockChannel: [(32, 64, 196), (5, 7, 9), (256, 2048, 49)],
     batch_norm.BatchNormSmemChannel: [(32, 256, 784), (256, 1024, 196), (3, 300, 6001)],
     batch_norm.BatchNormClusterChannel: [(32, 64, 3136), (2, 3, 16385), (256, 128, 784)],
+    # 1024 blocks over the 264 an H200 holds at once: channels wait on blocks still to start.
+    batch_norm.BatchNormGroupChannel: [(256, 64, 3136), (2, 3, 200001), (1, 2, 917504)],
     batch_norm.BatchNormSplitChannel: [(32, 64, 3136), (2, 3, 16385), (4, 128, 1 << 20)],
     batch_norm.BatchNormTiled: [(256, 1024, 196), (3, 300, 6001), (32, 2048, 49)],
 }

@@ -29,9 +29,10 @@ def gemm_key(call, arch: int) -> str:
         return GemmOp().key_for("gemm", call)
 
 
-# (batch, channels, spatial, arch) -> key at every edge. On sm_90 a cluster holds every ResNet-50
-# channel (cluster_channel); split/tiled, which turn at 1.9 x SMs channels (and at half of them
-# for channels shorter than 2^17 values), serve there only what no cluster holds.
+# (batch, channels, spatial, arch) -> key at every edge. On sm_90 a cluster (cluster_channel) or
+# 16 blocks meeting in L2 (group_channel) hold every ResNet-50 channel; split/tiled, which turn at
+# 1.9 x SMs channels (and at half of them for channels shorter than 2^17 values), serve there
+# only what 16 blocks do not hold.
 BN_EDGES = [
     ((8, 4096, 4), 90, "tilelang_bn_thread_channel"),  # n = 32
     ((1, 3, 1), 80, "tilelang_bn_thread_channel"),
@@ -43,7 +44,7 @@ BN_EDGES = [
     ((32, 64, 3136), 80, "tilelang_bn_tiled"),  # 64 >= 108 / 2, n < 2^17
     ((4, 128, 1 << 20), 80, "tilelang_bn_split_channel"),
     ((4, 128, 1 << 20), 90, "tilelang_bn_split_channel"),  # 4M values: no cluster holds them
-    ((256, 512, 784), 90, "tilelang_bn_cluster_channel"),  # ResNet-50 layer2 at batch 256
+    ((256, 512, 196), 90, "tilelang_bn_cluster_channel"),  # ResNet-50 layer3 at batch 256
     ((256, 205, 1024), 80, "tilelang_bn_split_channel"),  # 205 < 1.9 x 108, n = 2^18
     ((256, 206, 1024), 80, "tilelang_bn_tiled"),
     ((256, 2048, 49), 90, "tilelang_bn_block_channel"),  # ResNet-50 layer4, batch 256
@@ -69,31 +70,44 @@ def test_split_channel_edges_on_sm_90(shape, serves, dtype):
 
 
 # cluster_channel: parts of at most 64 KB (three blocks per SM) on the smallest cluster, else
-# parts of half the budget on 16 blocks (bf16, 8-element vectors, 512 lanes, 1 KB scratch).
+# parts of half the budget on 16 blocks (bf16, 8-element vectors, 512 lanes, 1 KB scratch);
+# 16 parts go to group_channel.
 CLUSTER_EDGES = [
     ((1, 1, 57344), 2),  # 7 x 4096 values a part: 57344 + 1024 B
     ((1, 1, 57352), 4),
+    ((1, 1, 229376), 8),  # 7 x 4096 values in each of 8 parts
+    ((1, 1, 229384), 16),
     ((1, 2, 917504), 16),  # 14 x 4096 values a part: 115712 B of 116224
     ((1, 2, 917512), None),  # split_channel serves it
 ]
 
 
-@pytest.mark.parametrize("shape,cluster", CLUSTER_EDGES)
-def test_cluster_channel_plan_edges(shape, cluster):
+@pytest.mark.parametrize("shape,parts", CLUSTER_EDGES)
+def test_cluster_and_group_channel_plan_edges(shape, parts):
     call = bn_call(*shape, torch.bfloat16)
     with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
         plan = batch_norm.cluster_channel_plan(call)
-        refusal = batch_norm.BatchNormClusterChannel.refusal(call)
-    assert (plan and plan.cluster) == cluster
-    if cluster is None:
-        assert refusal == (
-            "a channel of 917512 values does not fit 16 blocks' shared memory: split_channel or "
-            "tiled serves it"
+        cluster = batch_norm.BatchNormClusterChannel.refusal(call)
+        group = batch_norm.BatchNormGroupChannel.refusal(call)
+    assert (plan and plan.cluster) == parts
+    n = shape[0] * shape[2]
+    if parts is None:
+        assert (
+            cluster
+            == group.replace("group", "cluster")
+            == (
+                f"a channel of {n} values does not fit 16 blocks' shared memory: split_channel or "
+                "tiled serves it"
+            )
         )
         assert bn_key(call, 90) == "tilelang_bn_split_channel"
+    elif parts == 16:
+        assert group is None and cluster == "a channel in 16 parts: group_channel serves it"
+        assert bn_key(call, 90) == "tilelang_bn_group_channel"
     else:
-        assert refusal is None and bn_key(call, 90) == "tilelang_bn_cluster_channel"
-        assert bn_key(call, 80) != "tilelang_bn_cluster_channel"  # clusters are sm_90's
+        assert cluster is None and group == f"a channel in {parts} parts: cluster_channel serves it"
+        assert bn_key(call, 90) == "tilelang_bn_cluster_channel"
+    assert bn_key(call, 80) not in ("tilelang_bn_cluster_channel", "tilelang_bn_group_channel")
 
 
 def test_cluster_channel_refuses_register_sized_channels():
@@ -127,7 +141,11 @@ def test_batch_norm_smem_channel_edges(shape, arch, dtype, key):
     with simulate_device("cuda:0", arch=arch, **SIMULATED[arch]):
         serves = batch_norm.BatchNormSmemChannel.refusal(call) is None
     assert serves == (key == "tilelang_bn_smem_channel")
-    assert bn_key(call, arch) == ("tilelang_bn_cluster_channel" if arch == 90 else key)
+    if arch == 90:  # a cluster or a group of 16 blocks holds every channel here
+        with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
+            parts = batch_norm.cluster_channel_plan(call).cluster
+        key = "tilelang_bn_group_channel" if parts == 16 else "tilelang_bn_cluster_channel"
+    assert bn_key(call, arch) == key
 
 
 def test_smem_channel_refusals_name_the_bytes_and_the_channels():
@@ -143,6 +161,20 @@ def test_smem_channel_refusals_name_the_bytes_and_the_channels():
         "65 channels leave most of the 132 multiprocessors idle: cluster_channel (sm_90) or "
         "split_channel serves it"
     )
+
+
+@pytest.mark.usefixtures("cuda_kernels_only")
+@pytest.mark.parametrize(
+    "dtype,key",
+    [
+        (torch.bfloat16, "tilelang_bn_group_channel"),  # 16 parts of 98 KB
+        (torch.float16, "tilelang_bn_group_channel"),
+        (torch.float32, "tilelang_bn_tiled"),  # 3.2 MB: over 16 blocks' shared memory
+    ],
+)
+def test_resnet50_layer1_at_batch_256_by_dtype(dtype, key):
+    assert bn_key(bn_call(256, 256, 3136, dtype), 90) == key
+    assert bn_key(bn_call(256, 256, 3136, dtype), 80) == "tilelang_bn_tiled"
 
 
 @pytest.mark.usefixtures("cuda_kernels_only")
@@ -189,7 +221,7 @@ def test_batch_norm_float64_is_left_to_the_reference(training):
 def test_batch_norm_declarations():
     keys = tileops_cuda.KERNELS[BatchNormFwdOp]
     for key, cls in keys.items():
-        cluster = key == "tilelang_bn_cluster_channel"
+        cluster = key in ("tilelang_bn_cluster_channel", "tilelang_bn_group_channel")
         assert cls.supported_archs == ({90} if cluster else {80, 86, 89, 90})
         assert cls.devices == {"cuda"} and not cls.general
         expected = (

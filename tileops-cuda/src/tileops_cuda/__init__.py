@@ -49,6 +49,7 @@ KERNELS = {
         "tilelang_bn_block_channel": batch_norm.BatchNormBlockChannel,
         "tilelang_bn_smem_channel": batch_norm.BatchNormSmemChannel,
         "tilelang_bn_cluster_channel": batch_norm.BatchNormClusterChannel,
+        "tilelang_bn_group_channel": batch_norm.BatchNormGroupChannel,
         "tilelang_bn_split_channel": batch_norm.BatchNormSplitChannel,
         "tilelang_bn_tiled": batch_norm.BatchNormTiled,
         "tilelang_bn_infer": batch_norm.BatchNormInfer,

@@ -1,4 +1,4 @@
-"""BatchNorm forward kernels in TileLang: six training layouts and one inference kernel.
+"""BatchNorm forward kernels in TileLang: seven training layouts and one inference kernel.
 
 x arrives as a contiguous (batch, channels, spatial) tensor, so one channel's n = batch * spatial
 values are `batch` runs of `spatial` contiguous elements, `channels * spatial` apart. Every
@@ -15,20 +15,22 @@ Which training layout serves a call (n = batch * spatial values per channel, C c
 | tilelang_bn_block_channel  | registers of one block | C          | 32 < n <= REGISTER_ROW_MAX |
 | tilelang_bn_smem_channel   | shared memory of one   | C          | longer n, in one block's   |
 |                            | block                  |            | smem; 2 C >= SMs           |
-| tilelang_bn_cluster_channel| shared memory of a     | C x 2..16  | sm_90: longer n, in 16     |
+| tilelang_bn_cluster_channel| shared memory of a     | C x 2..8   | sm_90: longer n, in 8      |
 |                            | cluster's blocks       |            | blocks' smem               |
+| tilelang_bn_group_channel  | shared memory of 16    | C x 16     | sm_90: longer n, in 16     |
+|                            | blocks meeting in L2   |            | blocks' smem               |
 | tilelang_bn_split_channel  | nowhere: two kernels   | C x splits | longer n, C < ~2 x SMs     |
 | tilelang_bn_tiled          | nowhere: tiles stream  | C          | every call (the fallback)  |
 
 All but tiled are preferred over it, which serves what they refuse: long channels on a device
-that C blocks already fill twice over; on sm_90 cluster_channel is preferred over smem_channel
-and split_channel too. Held channels (registers, shared memory) are read from DRAM once; split
-and tiled read them twice. Inference reads the running statistics: one pass,
-one kernel (`tilelang_bn_infer`).
+that C blocks already fill twice over; on sm_90 cluster_channel and group_channel (which take
+the channels of up to 8 parts and of 16) are preferred over smem_channel and split_channel too.
+Held channels (registers, shared memory) are read from DRAM once; split and tiled read them
+twice. Inference reads the running statistics: one pass, one kernel (`tilelang_bn_infer`).
 
 Symbolic vs baked: channels and spatial are the layer's shape and are baked in (they fix the
 vector width and the index arithmetic); batch is symbolic (one build serves every batch size),
-except in the held layouts (block, smem and cluster channel), whose layout is sized by n.
+except in the held layouts (block, smem, cluster and group channel), whose layout is sized by n.
 """
 
 from __future__ import annotations
@@ -85,6 +87,13 @@ TILED_THREADS = 512
 # batchnorm_gemm, 2026-11-29, % of copy on three passes' bytes): 68 against tiled's 61 at
 # 32x256x56x56 bf16, 67 against 51 at 32x128x56x56; two or three per SM, 53-78 against 38-65.
 SMEM_CHANNEL_THREADS = 512
+# Clusters of 16 blocks of 100 KB run 14 at a time on the H200 (224 of its 264 slots: a cluster
+# stays in one GPC), 8 blocks 30 (240), 2 blocks every slot (benchmarks/cluster_placement.cu).
+# From 16 parts, plain blocks meeting through global memory (group_channel) beat the cluster
+# (kernel times, bf16, same run: 347 against 365 us at 256x256x3136, 178 / 191 at 256x128x3136,
+# 92 / 100 at 256x64x3136); at 2-8 parts they lost 1-15% to it (a zeroed counter array and the
+# wait for parts that start later; results/bn_group_channel_nvidia_h200.md).
+GROUP_CHANNEL_PARTS = 16
 # Inference: each thread normalizes INFER_VECTORS vectors (independent loads in flight).
 INFER_THREADS = 256
 INFER_VECTORS = 4
@@ -309,14 +318,11 @@ class BatchNormClusterChannel(_Train):
 
     @classmethod
     def region_refusal(cls, call: BatchNormCall) -> str | None:
-        n = values_per_channel(call)
-        if refusal := long_channel_refusal(cls.layout, n):
+        if refusal := parts_refusal(cls.layout, call):
             return refusal
-        if cluster_channel_plan(call) is None:
-            return (
-                f"a channel of {n} values does not fit {CLUSTER_SIZES[-1]} blocks' shared memory: "
-                "split_channel or tiled serves it"
-            )
+        parts = cluster_channel_plan(call).cluster
+        if parts >= GROUP_CHANNEL_PARTS:
+            return f"a channel in {parts} parts: group_channel serves it"
         return None
 
     @classmethod
@@ -332,6 +338,28 @@ class BatchNormClusterChannel(_Train):
         return (
             torch.empty((self.channels, self.cluster, 2), dtype=torch.float32, device=x.device),
         )
+
+
+class BatchNormGroupChannel(BatchNormClusterChannel):
+    """The channels that take cluster_channel's plan 16 parts: the same parts as plain blocks that
+    meet through global memory (GROUP_SYNC_CUDA), so every multiprocessor takes them (see
+    GROUP_CHANNEL_PARTS)."""
+
+    layout = "group_channel"
+
+    @classmethod
+    def region_refusal(cls, call: BatchNormCall) -> str | None:
+        if refusal := parts_refusal(cls.layout, call):
+            return refusal
+        parts = cluster_channel_plan(call).cluster
+        if parts < GROUP_CHANNEL_PARTS:
+            return f"a channel in {parts} parts: cluster_channel serves it"
+        return None
+
+    def workspace(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Each part's (sum, M2); the parts arrived per channel, then the ticket counter."""
+        arrived = torch.zeros(self.channels + 1, dtype=torch.int32, device=x.device)
+        return (*super().workspace(x), arrived)
 
 
 class BatchNormSplitChannel(_Train):
@@ -441,6 +469,19 @@ def long_channel_refusal(layout: str, n: int) -> str | None:
     return None
 
 
+def parts_refusal(layout: str, call: BatchNormCall) -> str | None:
+    """Refusal shared by the layouts of a channel in parts (cluster and group channel)."""
+    n = values_per_channel(call)
+    if refusal := long_channel_refusal(layout, n):
+        return refusal
+    if cluster_channel_plan(call) is None:
+        return (
+            f"a channel of {n} values does not fit {CLUSTER_SIZES[-1]} blocks' shared memory: "
+            "split_channel or tiled serves it"
+        )
+    return None
+
+
 def smem_channel_plan(call: BatchNormCall) -> RowPlan:
     """SMEM_CHANNEL_THREADS lanes walking the channel's vectors; residency from shared memory."""
     vec = vector_width(call.spatial, call.dtype)
@@ -501,7 +542,7 @@ def _signature(main, shape: _Shape, batch: Any = None, **extra):
 
     per_channel = {name: (shape.channels,) for name in ("W", "Bias", "RM", "RV")}
     dtypes = dict.fromkeys(per_channel, shape.pdtype)
-    dtypes.update({name: "float32" for name in extra})
+    dtypes.update({name: "int32" if name == "Q" else "float32" for name in extra})
     x = shape.x_shape(batch)
     return tiles.prim_func(main, shape.dtype, dtypes, X=x, **per_channel, **extra, Y=x)
 
@@ -510,18 +551,27 @@ def train_program(layout: str, call: BatchNormCall, fields: tuple) -> Any:
     """The prim_func of one single-kernel training layout (all but split_channel); a cluster's
     takes its workspace S before Y."""
     shape = _Shape(call)
-    if layout in ("block_channel", "smem_channel", "cluster_channel"):
-        batch, plan = fields
-        held_body = _held_channel_body(shape, batch, plan)
+    if layout in ("block_channel", "smem_channel", "cluster_channel", "group_channel"):
+        batch, plan = fields[:2]
+        ticketed = layout == "group_channel"
+        held_body = _held_channel_body(shape, batch, plan, ticketed)
+        if ticketed:
+
+            def main(X, W, Bias, RM, RV, S, Q, Y):
+                held_body(X, W, Bias, RM, RV, S, Q, Y)
+
+            return _signature(
+                main, shape, batch, S=(shape.channels, plan.cluster, 2), Q=(shape.channels + 1,)
+            )
         if plan.cluster > 1:
 
             def main(X, W, Bias, RM, RV, S, Y):
-                held_body(X, W, Bias, RM, RV, S, Y)
+                held_body(X, W, Bias, RM, RV, S, None, Y)
 
             return _signature(main, shape, batch, S=(shape.channels, plan.cluster, 2))
 
         def main(X, W, Bias, RM, RV, Y):
-            held_body(X, W, Bias, RM, RV, None, Y)
+            held_body(X, W, Bias, RM, RV, None, None, Y)
 
         return _signature(main, shape, batch)
     body = _thread_channel_body(shape) if layout == "thread_channel" else _streamed_body(shape)
@@ -589,7 +639,7 @@ def _thread_channel_body(shape: _Shape):
     return body
 
 
-def _held_channel_body(shape: _Shape, batch: int, plan: RowPlan):
+def _held_channel_body(shape: _Shape, batch: int, plan: RowPlan, ticketed: bool = False):
     """block_channel, smem_channel and cluster_channel: the channel read once into `plan.hold`
     (float32 registers, or shared memory in x's dtype), then the exact mean, the exact squared
     deviations and the output, all from what is held. With a cluster, block `part` holds the
@@ -616,11 +666,12 @@ def _held_channel_body(shape: _Shape, batch: int, plan: RowPlan):
         return T.Cast("float32", T.min(T.max(vectors - part * held, 0), held) * vec)
 
     @T.macro
-    def body(X, W, Bias, RM, RV, S, Y):
-        with tiles.launch(plan, shape.channels) as bx:
+    def body(X, W, Bias, RM, RV, S, Q, Y):
+        with _held_launch(plan, shape.channels, ticketed) as block:
             T.annotate_min_blocks_per_sm(plan.blocks_per_sm)
-            c, part = bx // cluster, bx % cluster
             lane = T.get_thread_binding()
+            bx = _ticket(Q, shape.channels, lane) if ticketed else block
+            c, part = bx // cluster, bx % cluster
             store = tiles.row_store(plan, shape.dtype)
             scratch = T.alloc_shared((2, tiles.warps(plan)), "float32")
             t = T.alloc_local((vec,), "float32")
@@ -652,7 +703,11 @@ def _held_channel_body(shape: _Shape, batch: int, plan: RowPlan):
             part_m2 = tiles.reduce_group(square, "sum", plan, scratch, 1, lane)
             mean = T.alloc_var("float32", init=part_mean)
             var = T.alloc_var("float32", init=part_m2 / count)
-            if cluster > 1:
+            if ticketed:
+                G = _group_partials(S, Q, c, part, part_total, part_m2, cluster, lane)
+                mean = tiles.merged_mean(G, 0, cluster, count)
+                var = tiles.merged_var(G, 0, cluster, count, mean, part_values)
+            elif cluster > 1:
                 tiles.share_partials(S, c, part, part_total, part_m2)
                 mean = tiles.merged_mean(S, c, cluster, count)
                 var = tiles.merged_var(S, c, cluster, count, mean, part_values)
@@ -675,6 +730,81 @@ def _held_channel_body(shape: _Shape, batch: int, plan: RowPlan):
                 update_stats(RM, RV, c, mean, var, count)
 
     return body
+
+
+# group_channel's synchronization, as CUDA the kernel imports: blocks take tickets in the order
+# they start, so the blocks already running are always the first tickets, and a channel's
+# parts, `parts` consecutive tickets, wait only for blocks that run or will run once earlier
+# channels finish (the same argument as a decoupled look-back scan's). The partials are read
+# from L2 (__ldcg): other multiprocessors wrote them.
+GROUP_SYNC_CUDA = """
+__device__ __forceinline__ int tileops_take_ticket(void* tickets) {
+  return atomicAdd(static_cast<int*>(tickets), 1);
+}
+__device__ __forceinline__ void tileops_arrive_and_wait(void* arrived, int parts) {
+  __threadfence();
+  atomicAdd(static_cast<int*>(arrived), 1);
+  int seen;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(arrived) : "memory");
+  } while (seen < parts);
+}
+__device__ __forceinline__ float tileops_load_l2(const void* at) {
+  return __ldcg(static_cast<const float*>(at));
+}
+"""
+
+
+def _held_launch(plan: RowPlan, channels: int, ticketed: bool):
+    """A hardware cluster per channel (tiles.launch), or, ticketed, `plan.cluster` plain blocks
+    per channel that meet through global memory."""
+    import tilelang.language as T
+
+    from . import tiles
+
+    if not ticketed:
+        return tiles.launch(plan, channels)
+    return T.Kernel(channels * plan.cluster, threads=plan.threads, prelude=GROUP_SYNC_CUDA)
+
+
+def _ticket(Q, channels: int, lane):
+    """This block's place in start order, from the ticket counter Q[channels]."""
+    import tilelang.language as T
+
+    @T.macro
+    def take(Q, lane):
+        mine = T.alloc_shared((1,), "int32")
+        if lane == 0:
+            tickets = T.access_ptr(Q[channels], "rw")
+            mine[0] = T.call_extern("int32", "tileops_take_ticket", tickets)
+        T.sync_threads()
+        return mine[0]
+
+    return take(Q, lane)
+
+
+def _group_partials(S, Q, c, part, first, second, parts: int, lane):
+    """group_channel: publish this part's (sum, M2) in S[c, part], wait until all `parts` of
+    channel c have (Q[c] counts them), and gather them into shared memory."""
+    import tilelang.language as T
+
+    @T.macro
+    def gather(S, Q, c, part, first, second, lane):
+        G = T.alloc_shared((1, parts, 2), "float32")
+        if lane == 0:
+            S[c, part, 0] = first
+            S[c, part, 1] = second
+            arrived = T.access_ptr(Q[c], "rw")
+            T.evaluate(T.call_extern("handle", "tileops_arrive_and_wait", arrived, parts))
+        T.sync_threads()
+        if lane < 2 * parts:
+            G[0, lane // 2, lane % 2] = T.call_extern(
+                "float32", "tileops_load_l2", T.access_ptr(S[c, lane // 2, lane % 2], "r")
+            )
+        T.sync_threads()
+        return G
+
+    return gather(S, Q, c, part, first, second, lane)
 
 
 def _welford(shape: _Shape, threads: int):
