@@ -34,6 +34,9 @@ VARIANTS = (
 )
 
 
+REGISTER_VALUES_MAX = 64
+
+
 def kernel_for(call, layout: str, hold: str, parts: int, threads: int):
     """The training kernel of `layout` (cluster or group) with the channel in `parts` parts of
     `threads`-thread blocks, held in registers (reg) or shared memory (smem); None where a part
@@ -48,6 +51,8 @@ def kernel_for(call, layout: str, hold: str, parts: int, threads: int):
     plan = with_occupancy(RowPlan(where, 1, threads, vec, chunks, cluster=parts), call)
     if where == "shared" and plan_smem_bytes(plan, call.dtype) > call.smem_budget:
         return None
+    if where == "registers" and chunks * vec > REGISTER_VALUES_MAX:
+        return None  # a long unrolled body that spills
     cls = {"cluster": bn.BatchNormClusterChannel, "group": bn.BatchNormGroupChannel}[layout]
     if parts == 1:
         cls = bn.BatchNormBlockChannel  # one block per channel: no partials to meet
@@ -99,6 +104,7 @@ def rows_for(shape: tuple[int, ...], variants: list[str]) -> list[str]:
             continue
         if kernel is None:
             lines.append(f"{variant} does not fit | | |")
+            print(lines[-1], flush=True)
             continue
         error = (kernel(x, w, b, rm.clone(), rv.clone()).float() - want).abs().max().item()
         us = kernel_us(lambda kernel=kernel: kernel(x, w, b, rm, rv))
