@@ -19,7 +19,7 @@ BN_CALLS = {
     "tilelang_bn_block_channel": bn_call(32, 64, 196, torch.float16, param_dtype=torch.float32),
     "tilelang_bn_smem_channel": bn_call(32, 256, 784, torch.bfloat16, has_bias=False),
     "tilelang_bn_cluster_channel": bn_call(32, 64, 3136, torch.bfloat16, has_running_stats=False),
-    "tilelang_bn_group_channel": bn_call(2, 3, 200001, torch.float16, param_dtype=torch.float32),
+    "tilelang_bn_group_channel": bn_call(2, 3, 300001, torch.float16, param_dtype=torch.float32),
     "tilelang_bn_split_channel": bn_call(4, 128, 1 << 20, torch.bfloat16),
     "tilelang_bn_tiled": bn_call(256, 1024, 196, torch.float32),
     "tilelang_bn_infer": bn_call(32, 256, 3136, torch.bfloat16, has_weight=False),

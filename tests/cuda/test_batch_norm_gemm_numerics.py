@@ -28,11 +28,18 @@ BN_SHAPES = [(b, c, s) for b in (32, 256) for c, s in RESNET50] + [
 # Per kernel: calls inside its region on an H200 (132 SMs).
 BN_REGIONS = {
     batch_norm.BatchNormThreadChannel: [(16, 1000, 2), (3, 70, 1), (1, 5, 32)],
-    batch_norm.BatchNormBlockChannel: [(32, 64, 196), (5, 7, 9), (256, 2048, 49)],
+    # registers (up to 8192 values) and shared memory (256 x 49, 5 x 1999)
+    batch_norm.BatchNormBlockChannel: [(32, 64, 196), (5, 7, 9), (256, 2048, 49), (5, 3, 1999)],
     batch_norm.BatchNormSmemChannel: [(32, 256, 784), (256, 1024, 196), (3, 300, 6001)],
     batch_norm.BatchNormClusterChannel: [(32, 64, 3136), (2, 3, 16385), (256, 128, 784)],
-    # 1024 blocks over the 264 an H200 holds at once: channels wait on blocks still to start.
-    batch_norm.BatchNormGroupChannel: [(256, 64, 3136), (2, 3, 200001), (1, 2, 917504)],
+    # 1024 blocks over the 264 an H200 holds at once: channels wait on blocks still to start;
+    # (2, 3, 200001) is the group's in float32 only, (2, 3, 300001) in 16-bit dtypes only.
+    batch_norm.BatchNormGroupChannel: [
+        (256, 64, 3136),
+        (2, 3, 200001),
+        (2, 3, 300001),
+        (1, 2, 917504),
+    ],
     batch_norm.BatchNormSplitChannel: [(32, 64, 3136), (2, 3, 16385), (4, 128, 1 << 20)],
     batch_norm.BatchNormTiled: [(256, 1024, 196), (3, 300, 6001), (32, 2048, 49)],
 }

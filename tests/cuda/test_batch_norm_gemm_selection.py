@@ -13,6 +13,7 @@ import tileops_cuda
 from tileops.ops import BatchNormFwdOp, GemmOp
 from tileops.testing import simulate_device
 from tileops_cuda import batch_norm, gemm
+from tileops_cuda.rows import plan_smem_bytes
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 TRAIN, INFER = "batch_norm_fwd_train", "batch_norm_fwd_infer"
@@ -71,27 +72,40 @@ def test_split_channel_edges_on_sm_90(shape, serves, dtype):
 
 # cluster_channel: parts of at most 64 KB (three blocks per SM) on the smallest cluster, else
 # parts of half the budget on 16 blocks (bf16, 8-element vectors, 512 lanes, 1 KB scratch);
-# 16 parts go to group_channel.
+# 16 parts of more than 64 KB go to group_channel. (shape, parts, part bytes, key)
+CLUSTER = "tilelang_bn_cluster_channel"
+GROUP = "tilelang_bn_group_channel"
 CLUSTER_EDGES = [
-    ((1, 1, 57344), 2),  # 7 x 4096 values a part: 57344 + 1024 B
-    ((1, 1, 57352), 4),
-    ((1, 1, 229376), 8),  # 7 x 4096 values in each of 8 parts
-    ((1, 1, 229384), 16),
-    ((1, 2, 917504), 16),  # 14 x 4096 values a part: 115712 B of 116224
-    ((1, 2, 917512), None),  # split_channel serves it
+    ((1, 1, 57344), 2, 58368, CLUSTER),  # 7 x 4096 values a part: 57344 + 1024 B
+    ((1, 1, 57352), 4, 33792, CLUSTER),  # 4 x 4096 values a part
+    ((1, 1, 229376), 8, 58368, CLUSTER),
+    ((1, 1, 229384), 16, 33792, CLUSTER),  # 16 parts of 64 KB or less: a cluster
+    ((1, 1, 458752), 16, 58368, CLUSTER),
+    ((1, 1, 458760), 16, 66560, GROUP),  # 8 x 4096 values a part
+    ((1, 2, 917504), 16, 115712, GROUP),  # 14 x 4096 values a part: 115712 B of 116224
+    ((1, 2, 917512), None, None, "tilelang_bn_split_channel"),
 ]
 
 
-@pytest.mark.parametrize("shape,parts", CLUSTER_EDGES)
-def test_cluster_and_group_channel_plan_edges(shape, parts):
+@pytest.mark.parametrize("shape,parts,part_bytes,key", CLUSTER_EDGES)
+def test_cluster_and_group_channel_plan_edges(shape, parts, part_bytes, key):
     call = bn_call(*shape, torch.bfloat16)
     with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
         plan = batch_norm.cluster_channel_plan(call)
         cluster = batch_norm.BatchNormClusterChannel.refusal(call)
         group = batch_norm.BatchNormGroupChannel.refusal(call)
     assert (plan and plan.cluster) == parts
+    assert (plan and plan_smem_bytes(plan, torch.bfloat16)) == part_bytes
     n = shape[0] * shape[2]
-    if parts is None:
+    if key == CLUSTER:
+        assert cluster is None
+        assert group == (
+            f"a channel in {parts} parts of {part_bytes} bytes: cluster_channel serves it"
+        )
+    elif key == GROUP:
+        assert group is None
+        assert cluster == "a channel in 16 parts of more than 64 KB: group_channel serves it"
+    else:
         assert (
             cluster
             == group.replace("group", "cluster")
@@ -100,14 +114,38 @@ def test_cluster_and_group_channel_plan_edges(shape, parts):
                 "tiled serves it"
             )
         )
-        assert bn_key(call, 90) == "tilelang_bn_split_channel"
-    elif parts == 16:
-        assert group is None and cluster == "a channel in 16 parts: group_channel serves it"
-        assert bn_key(call, 90) == "tilelang_bn_group_channel"
-    else:
-        assert cluster is None and group == f"a channel in {parts} parts: cluster_channel serves it"
-        assert bn_key(call, 90) == "tilelang_bn_cluster_channel"
-    assert bn_key(call, 80) not in ("tilelang_bn_cluster_channel", "tilelang_bn_group_channel")
+    assert bn_key(call, 90) == key
+    assert bn_key(call, 80) not in (CLUSTER, GROUP)
+
+
+def test_group_channel_takes_1024_threads_where_they_fit_half_the_budget():
+    with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
+        wide = batch_norm.group_channel_plan(bn_call(256, 256, 3136, torch.bfloat16))
+    assert (wide.cluster, wide.lanes, wide.chunks, wide.blocks_per_sm) == (16, 1024, 7, 2)
+    # half of this budget holds 13 chunks of 512 vectors (106496 + 1024 B), but not 7 of 1024
+    facts = {**SIMULATED[90], "smem_budget": 215040}
+    with simulate_device("cuda:0", arch=90, **facts):
+        narrow = batch_norm.group_channel_plan(bn_call(1, 1, 16 * 13 * 4096, torch.bfloat16))
+    assert (narrow.cluster, narrow.lanes, narrow.chunks) == (16, 512, 13)
+
+
+# block_channel: 4 warps up to 1024 values, then 8 warps of up to 32 values a lane in
+# registers; longer channels wait in shared memory for 16 warps.
+BLOCK_EDGES = [
+    ((1, 1, 1024), "registers", 128, 1),
+    ((1, 1, 1032), "registers", 256, 1),  # 8 values a vector, 129 vectors
+    ((32, 1, 196), "registers", 256, 7),  # 1568 vectors of 4: ResNet-50 layer3 at batch 32
+    ((1, 1, 8192), "registers", 256, 4),
+    ((1, 1, 8200), "shared", 512, 3),
+    ((256, 1, 49), "shared", 512, 25),  # ResNet-50 layer4 at batch 256: vectors of 1
+]
+
+
+@pytest.mark.parametrize("shape,hold,lanes,chunks", BLOCK_EDGES)
+def test_block_channel_plan_edges(shape, hold, lanes, chunks):
+    with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
+        plan = batch_norm.block_channel_plan(bn_call(*shape, torch.bfloat16))
+    assert (plan.hold, plan.lanes, plan.chunks) == (hold, lanes, chunks)
 
 
 def test_cluster_channel_refuses_register_sized_channels():

@@ -12,19 +12,21 @@ Which training layout serves a call (n = batch * spatial values per channel, C c
 | key                        | channel held in        | blocks     | owns                       |
 |----------------------------|------------------------|------------|----------------------------|
 | tilelang_bn_thread_channel | one thread (L1)        | C / 128    | n <= THREAD_VALUES (32)    |
-| tilelang_bn_block_channel  | registers of one block | C          | 32 < n <= REGISTER_ROW_MAX |
+| tilelang_bn_block_channel  | registers (n <= 8192)  | C          | 32 < n <= REGISTER_ROW_MAX |
+|                            | or smem of one block   |            |                            |
 | tilelang_bn_smem_channel   | shared memory of one   | C          | longer n, in one block's   |
 |                            | block                  |            | smem; 2 C >= SMs           |
-| tilelang_bn_cluster_channel| shared memory of a     | C x 2..8   | sm_90: longer n, in 8      |
-|                            | cluster's blocks       |            | blocks' smem               |
-| tilelang_bn_group_channel  | shared memory of 16    | C x 16     | sm_90: longer n, in 16     |
-|                            | blocks meeting in L2   |            | blocks' smem               |
+| tilelang_bn_cluster_channel| shared memory of a     | C x 2..16  | sm_90: longer n, in 16     |
+|                            | cluster's blocks       |            | blocks' smem, parts <= 64KB|
+| tilelang_bn_group_channel  | shared memory of 16    | C x 16     | sm_90: 16 parts of more    |
+|                            | blocks meeting in L2   |            | than 64 KB                 |
 | tilelang_bn_split_channel  | nowhere: two kernels   | C x splits | longer n, C < ~2 x SMs     |
 | tilelang_bn_tiled          | nowhere: tiles stream  | C          | every call (the fallback)  |
 
 All but tiled are preferred over it, which serves what they refuse: long channels on a device
-that C blocks already fill twice over; on sm_90 cluster_channel and group_channel (which take
-the channels of up to 8 parts and of 16) are preferred over smem_channel and split_channel too.
+that C blocks already fill twice over; on sm_90 cluster_channel and group_channel (which split
+the channels held in parts between them by the parts' size) are preferred over smem_channel and
+split_channel too.
 Held channels (registers, shared memory) are read from DRAM once; split and tiled read them
 twice. Inference reads the running statistics: one pass, one kernel (`tilelang_bn_infer`).
 
@@ -35,6 +37,7 @@ except in the held layouts (block, smem, cluster and group channel), whose layou
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable
 from typing import Any, ClassVar
 
@@ -54,7 +57,6 @@ from .rows import (
     DTYPE_NAMES,
     ITEMSIZE,
     REGISTER_ROW_MAX,
-    REGISTER_VALUES,
     WARP,
     RowPlan,
     plan_smem_bytes,
@@ -88,12 +90,25 @@ TILED_THREADS = 512
 # 32x256x56x56 bf16, 67 against 51 at 32x128x56x56; two or three per SM, 53-78 against 38-65.
 SMEM_CHANNEL_THREADS = 512
 # Clusters of 16 blocks of 100 KB run 14 at a time on the H200 (224 of its 264 slots: a cluster
-# stays in one GPC), 8 blocks 30 (240), 2 blocks every slot (benchmarks/cluster_placement.cu).
-# From 16 parts, plain blocks meeting through global memory (group_channel) beat the cluster
-# (kernel times, bf16, same run: 347 against 365 us at 256x256x3136, 178 / 191 at 256x128x3136,
-# 92 / 100 at 256x64x3136); at 2-8 parts they lost 1-15% to it (a zeroed counter array and the
-# wait for parts that start later; results/bn_group_channel_nvidia_h200.md).
+# stays in one GPC), 8 blocks 30 (240), 2 blocks every slot (results/cluster_placement_nvidia_
+# h200.txt). Where the channel takes 16 parts of more than CLUSTER_SLICE_BYTES (two blocks per
+# SM), plain blocks of 1024 threads meeting in L2 (group_channel) beat the cluster (kernel times,
+# bf16, same run: 328 against 365 us at 256x256x3136, 171 / 189 at 256x128x3136, 91 / 99 at
+# 256x64x3136); with parts of up to 64 KB the cluster won (42 against 48-62 us at 32x64x12544;
+# 2-8 parts: by 1-30%, the wait for parts that start later; results/bn_parts_nvidia_h200.md).
 GROUP_CHANNEL_PARTS = 16
+GROUP_CHANNEL_THREADS = 1024
+# block_channel: one block of BLOCK_LANES threads (fewer for short channels) holds the channel
+# in registers up to BLOCK_LANE_VALUES values a lane; longer channels wait in shared memory (x's
+# dtype) for BLOCK_SMEM_LANES threads, which leaves registers for four blocks per SM instead of
+# two. Measured against the earlier rule (up to 1024 lanes of 16 values, in registers), kernel
+# times, bf16: 7.4 against 9.5 us at 32x512x196, 5.6 / 5.7 at 32x256x196, 5.3 / 5.5 at
+# 32x512x49; shared memory 17.4 against 27.0 us at 256x512x49, 67.4 / 99.8 at 256x2048x49
+# (registers and 512 lanes: 20.1, 76.4; results/bn_parts_nvidia_h200.md).
+BLOCK_LANES = 256
+SHORT_CHANNEL_VALUES = 1024  # held by 4 warps instead
+BLOCK_LANE_VALUES = 32
+BLOCK_SMEM_LANES = 512
 # Inference: each thread normalizes INFER_VECTORS vectors (independent loads in flight).
 INFER_THREADS = 256
 INFER_VECTORS = 4
@@ -250,7 +265,8 @@ class BatchNormThreadChannel(_Train):
 
 class BatchNormBlockChannel(_Train):
     """Medium channels (32 < n <= 16384): one block per channel, the channel in its threads'
-    registers, read once; batch is baked in (it sizes the register layout)."""
+    registers (n <= 8192) or its shared memory, read once; batch is baked in (it sizes the
+    layout)."""
 
     layout = "block_channel"
     preferred_over = frozenset({"tilelang_bn_tiled"})
@@ -320,9 +336,8 @@ class BatchNormClusterChannel(_Train):
     def region_refusal(cls, call: BatchNormCall) -> str | None:
         if refusal := parts_refusal(cls.layout, call):
             return refusal
-        parts = cluster_channel_plan(call).cluster
-        if parts >= GROUP_CHANNEL_PARTS:
-            return f"a channel in {parts} parts: group_channel serves it"
+        if in_large_parts(cluster_channel_plan(call), call.dtype):
+            return "a channel in 16 parts of more than 64 KB: group_channel serves it"
         return None
 
     @classmethod
@@ -341,9 +356,9 @@ class BatchNormClusterChannel(_Train):
 
 
 class BatchNormGroupChannel(BatchNormClusterChannel):
-    """The channels that take cluster_channel's plan 16 parts: the same parts as plain blocks that
-    meet through global memory (GROUP_SYNC_CUDA), so every multiprocessor takes them (see
-    GROUP_CHANNEL_PARTS)."""
+    """The channels that cluster_channel's plan cuts into 16 parts of more than 64 KB: the parts
+    as plain blocks of 1024 threads that meet through global memory (GROUP_SYNC_CUDA), so every
+    multiprocessor takes them (see GROUP_CHANNEL_PARTS)."""
 
     layout = "group_channel"
 
@@ -351,10 +366,17 @@ class BatchNormGroupChannel(BatchNormClusterChannel):
     def region_refusal(cls, call: BatchNormCall) -> str | None:
         if refusal := parts_refusal(cls.layout, call):
             return refusal
-        parts = cluster_channel_plan(call).cluster
-        if parts < GROUP_CHANNEL_PARTS:
-            return f"a channel in {parts} parts: cluster_channel serves it"
+        plan = cluster_channel_plan(call)
+        if not in_large_parts(plan, call.dtype):
+            return (
+                f"a channel in {plan.cluster} parts of {plan_smem_bytes(plan, call.dtype)} bytes: "
+                "cluster_channel serves it"
+            )
         return None
+
+    @classmethod
+    def layout_fields(cls, call: BatchNormCall) -> tuple[Hashable, ...]:
+        return (call.batch, group_channel_plan(call))
 
     def workspace(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each part's (sum, M2); the parts arrived per channel, then the ticket counter."""
@@ -453,11 +475,15 @@ class BatchNormInfer(_BatchNorm, BatchNormInferInterface):
 
 
 def block_channel_plan(call: BatchNormCall) -> RowPlan:
-    """The fewest threads (at least 4 warps) that keep at most REGISTER_VALUES values each,
-    as rows.block_row_plan, with vectors that divide `spatial`; residency from the registers."""
+    """Registers of BLOCK_LANES lanes (4 warps up to SHORT_CHANNEL_VALUES) while a lane keeps
+    at most BLOCK_LANE_VALUES values, else shared memory for BLOCK_SMEM_LANES lanes; residency
+    from registers or shared memory."""
     vec = vector_width(call.spatial, call.dtype)
     n = values_per_channel(call)
-    lanes = min(1024, max(4 * WARP, _pow2_ceil(_ceil_div(n, REGISTER_VALUES))))
+    if n > BLOCK_LANES * BLOCK_LANE_VALUES:
+        plan = RowPlan("shared", 1, BLOCK_SMEM_LANES, vec, _ceil_div(n // vec, BLOCK_SMEM_LANES))
+        return with_occupancy(plan, call)
+    lanes = BLOCK_LANES if n > SHORT_CHANNEL_VALUES else 4 * WARP
     return with_occupancy(RowPlan("registers", 1, lanes, vec, _ceil_div(n // vec, lanes)), call)
 
 
@@ -487,6 +513,23 @@ def smem_channel_plan(call: BatchNormCall) -> RowPlan:
     vec = vector_width(call.spatial, call.dtype)
     chunks = _ceil_div(values_per_channel(call) // vec, SMEM_CHANNEL_THREADS)
     return with_occupancy(RowPlan("shared", 1, SMEM_CHANNEL_THREADS, vec, chunks), call)
+
+
+def group_channel_plan(call: BatchNormCall) -> RowPlan:
+    """cluster_channel_plan's parts for GROUP_CHANNEL_THREADS threads each, where the parts
+    still fit half the shared-memory budget (else its own threads)."""
+    plan = cluster_channel_plan(call)
+    chunks = _ceil_div(values_per_channel(call) // plan.vec, plan.cluster * GROUP_CHANNEL_THREADS)
+    wide = dataclasses.replace(plan, lanes=GROUP_CHANNEL_THREADS, chunks=chunks)
+    if plan_smem_bytes(wide, call.dtype) > call.smem_budget // 2:
+        return plan
+    return with_occupancy(wide, call)
+
+
+def in_large_parts(plan: RowPlan, dtype: torch.dtype) -> bool:
+    """Whether a channel's parts are group_channel's: 16 of more than CLUSTER_SLICE_BYTES."""
+    large = plan_smem_bytes(plan, dtype) > CLUSTER_SLICE_BYTES
+    return large and plan.cluster >= GROUP_CHANNEL_PARTS
 
 
 def cluster_channel_plan(call: BatchNormCall) -> RowPlan | None:
