@@ -129,6 +129,18 @@ def test_group_channel_takes_1024_threads_where_they_fit_half_the_budget():
     assert (narrow.cluster, narrow.lanes, narrow.chunks) == (16, 512, 13)
 
 
+def test_group_channel_refuses_devices_that_cannot_run_a_channels_parts_together():
+    call = bn_call(256, 256, 3136, torch.bfloat16)
+    for sm_count, served in ((8, True), (7, False)):  # two blocks per SM: 16 or 14 at once
+        with simulate_device("cuda:0", arch=90, **{**SIMULATED[90], "sm_count": sm_count}):
+            refusal = batch_norm.BatchNormGroupChannel.refusal(call)
+        assert (refusal is None) == served
+    assert (
+        refusal
+        == "7 multiprocessors hold 14 of its blocks at once, fewer than a channel's 16 parts"
+    )
+
+
 # block_channel: 4 warps up to 1024 values, then 8 warps of up to 32 values a lane in
 # registers; longer channels wait in shared memory for 16 warps.
 BLOCK_EDGES = [

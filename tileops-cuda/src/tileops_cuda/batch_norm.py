@@ -372,6 +372,12 @@ class BatchNormGroupChannel(BatchNormClusterChannel):
                 f"a channel in {plan.cluster} parts of {plan_smem_bytes(plan, call.dtype)} bytes: "
                 "cluster_channel serves it"
             )
+        slots = call.sm_count * group_channel_plan(call).blocks_per_sm
+        if slots < plan.cluster:  # GROUP_SYNC_CUDA: a channel's parts must run side by side
+            return (
+                f"{call.sm_count} multiprocessors hold {slots} of its blocks at once, fewer than "
+                f"a channel's {plan.cluster} parts"
+            )
         return None
 
     @classmethod
@@ -778,8 +784,10 @@ def _held_channel_body(shape: _Shape, batch: int, plan: RowPlan, ticketed: bool 
 # group_channel's synchronization, as CUDA the kernel imports: blocks take tickets in the order
 # they start, so the blocks already running are always the first tickets, and a channel's
 # parts, `parts` consecutive tickets, wait only for blocks that run or will run once earlier
-# channels finish (the same argument as a decoupled look-back scan's). The partials are read
-# from L2 (__ldcg): other multiprocessors wrote them.
+# channels finish (the same argument as a decoupled look-back scan's). Only the last channel
+# to start can be incomplete, so the device must hold at least `parts` blocks at once (the
+# region refuses smaller ones). The partials are read from L2 (__ldcg): other multiprocessors
+# wrote them.
 GROUP_SYNC_CUDA = """
 __device__ __forceinline__ int tileops_take_ticket(void* tickets) {
   return atomicAdd(static_cast<int*>(tickets), 1);
