@@ -26,9 +26,9 @@ Which training layout serves a call (n = batch * spatial values per channel, C c
 All but tiled are preferred over it, which serves what they refuse: long channels on a device
 that C blocks already fill twice over; on sm_90 cluster_channel and group_channel (which split
 the channels held in parts between them by the parts' size) are preferred over smem_channel and
-split_channel too.
-Held channels (registers, shared memory) are read from DRAM once; split and tiled read them
-twice. Inference reads the running statistics: one pass, one kernel (`tilelang_bn_infer`).
+split_channel too. Held channels (registers, shared memory) are read from DRAM once; split and
+tiled read them twice. Inference reads the running statistics: one pass, one kernel
+(`tilelang_bn_infer`).
 
 Symbolic vs baked: channels and spatial are the layer's shape and are baked in (they fix the
 vector width and the index arithmetic); batch is symbolic (one build serves every batch size),
@@ -90,12 +90,13 @@ TILED_THREADS = 512
 # 32x256x56x56 bf16, 67 against 51 at 32x128x56x56; two or three per SM, 53-78 against 38-65.
 SMEM_CHANNEL_THREADS = 512
 # Clusters of 16 blocks of 100 KB run 14 at a time on the H200 (224 of its 264 slots: a cluster
-# stays in one GPC), 8 blocks 30 (240), 2 blocks every slot (results/cluster_placement_nvidia_
-# h200.txt). Where the channel takes 16 parts of more than CLUSTER_SLICE_BYTES (two blocks per
-# SM), plain blocks of 1024 threads meeting in L2 (group_channel) beat the cluster (kernel times,
-# bf16, same run: 328 against 365 us at 256x256x3136, 171 / 189 at 256x128x3136, 91 / 99 at
-# 256x64x3136); with parts of up to 64 KB the cluster won (42 against 48-62 us at 32x64x12544;
-# 2-8 parts: by 1-30%, the wait for parts that start later; results/bn_parts_nvidia_h200.md).
+# stays in one GPC), 8 blocks 30 (240), 2 blocks every slot
+# (benchmarks/results/cluster_placement_nvidia_h200.txt). Where the channel takes 16 parts of
+# more than CLUSTER_SLICE_BYTES (two blocks per SM), plain blocks of 1024 threads meeting in L2
+# (group_channel) beat the cluster (kernel times, bf16, same run: 328 against 365 us at
+# 256x256x3136, 171 / 189 at 256x128x3136, 91 / 99 at 256x64x3136); with parts of up to 64 KB
+# the cluster won (42 against 48-62 us at 32x64x12544; 2-8 parts: by 1-30%, the wait for parts
+# that start later; results/bn_parts_nvidia_h200.md).
 GROUP_CHANNEL_PARTS = 16
 GROUP_CHANNEL_THREADS = 1024
 # block_channel: one block of BLOCK_LANES threads (fewer for short channels) holds the channel
@@ -598,10 +599,10 @@ def _signature(main, shape: _Shape, batch: Any = None, **extra):
 
 def train_program(layout: str, call: BatchNormCall, fields: tuple) -> Any:
     """The prim_func of one single-kernel training layout (all but split_channel); a cluster's
-    takes its workspace S before Y."""
+    takes its workspace S before Y, a group's S and its counters Q."""
     shape = _Shape(call)
     if layout in ("block_channel", "smem_channel", "cluster_channel", "group_channel"):
-        batch, plan = fields[:2]
+        batch, plan = fields
         ticketed = layout == "group_channel"
         held_body = _held_channel_body(shape, batch, plan, ticketed)
         if ticketed:
@@ -689,11 +690,12 @@ def _thread_channel_body(shape: _Shape):
 
 
 def _held_channel_body(shape: _Shape, batch: int, plan: RowPlan, ticketed: bool = False):
-    """block_channel, smem_channel and cluster_channel: the channel read once into `plan.hold`
+    """block, smem, cluster and group channel: the channel read once into `plan.hold`
     (float32 registers, or shared memory in x's dtype), then the exact mean, the exact squared
-    deviations and the output, all from what is held. With a cluster, block `part` holds the
+    deviations and the output, all from what is held. In parts, block `part` holds the
     channel's vectors [part * held, (part + 1) * held) and the blocks' (sum, M2) meet in
-    S[channel, part] across the cluster barrier (Chan's merge)."""
+    S[channel, part] across the cluster barrier, or, `ticketed` (group_channel), once Q counts
+    every part arrived (Chan's merge)."""
     import tilelang.language as T
 
     from . import tiles
