@@ -159,6 +159,14 @@ def bn_params(x: torch.Tensor) -> list[torch.Tensor]:
     return [t.to(x.dtype) for t in (w, b, rm, rv)]
 
 
+def training_case(shape: tuple[int, ...]) -> tuple[torch.Tensor, list, Any, float]:
+    """A bfloat16 x of `shape` (mean 0.5, spread 2), its bn_params, its call spec, and the
+    kernel time of a copy of three passes' bytes (training's two reads and a write), in us."""
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16) * 2 + 0.5
+    three_passes_us = kernel_us(copy_moving(3 * x.numel() * x.element_size()))
+    return x, bn_params(x), bn_call_for(x), three_passes_us
+
+
 def bn_call_for(x: torch.Tensor) -> Any:
     """The call spec of an affine BatchNorm with running statistics on x, params in x's dtype."""
     from tileops.ops import BatchNormCall

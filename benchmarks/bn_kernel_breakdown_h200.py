@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from batchnorm_gemm_h200 import EPS, MOMENTUM, bn_call_for, bn_params, kernel_breakdown, kernel_us
+from batchnorm_gemm_h200 import EPS, MOMENTUM, kernel_breakdown, training_case
 from provenance import git_commit, write_markdown
 
 SHAPES = "256x256x3136,256x128x3136,256x64x12544,256x512x784,4x128x1048576"
@@ -34,12 +34,7 @@ def rows_for(shape: tuple[int, int, int]) -> list[str]:
     from tileops.ops import BatchNormFwdOp
     from tileops_cuda.batch_norm import cluster_channel_plan
 
-    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16) * 2 + 0.5
-    w, b, rm, rv = bn_params(x)
-    call = bn_call_for(x)
-    src = torch.empty(x.numel(), dtype=torch.int16, device="cuda")
-    dst = torch.empty_like(src)
-    three_passes_us = 1.5 * kernel_us(lambda: dst.copy_(src))  # a copy moves two
+    x, (w, b, rm, rv), call, three_passes_us = training_case(shape)
     label = "x".join(map(str, shape))
     contenders = {}
     for key in KEYS:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from batchnorm_gemm_h200 import EPS, MOMENTUM, bn_call_for, bn_params, kernel_us
+from batchnorm_gemm_h200 import EPS, MOMENTUM, bn_call_for, kernel_us, training_case
 from provenance import git_commit, write_markdown
 
 SHAPES = "256x256x3136,256x128x3136,256x64x3136,32x64x12544,32x64x3136,256x128x784,32x512x784"
@@ -85,12 +85,7 @@ def prebuild(job: tuple[tuple[int, ...], str]) -> None:
 
 
 def rows_for(shape: tuple[int, ...], variants: list[str]) -> list[str]:
-    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16) * 2 + 0.5
-    w, b, rm, rv = bn_params(x)
-    call = bn_call_for(x)
-    src = torch.empty(x.numel(), dtype=torch.int16, device="cuda")
-    dst = torch.empty_like(src)
-    three_passes_us = 1.5 * kernel_us(lambda: dst.copy_(src))
+    x, (w, b, rm, rv), call, three_passes_us = training_case(shape)
     want = F.batch_norm(x.float(), rm.float(), rv.float(), w.float(), b.float(), True, 0.0, EPS)
     label = "x".join(map(str, shape))
     lines = []

@@ -358,8 +358,8 @@ class BatchNormClusterChannel(_Train):
 
 class BatchNormGroupChannel(BatchNormClusterChannel):
     """The channels that cluster_channel's plan cuts into 16 parts of more than 64 KB: the parts
-    as plain blocks of 1024 threads that meet through global memory (GROUP_SYNC_CUDA), so every
-    multiprocessor takes them (see GROUP_CHANNEL_PARTS)."""
+    as plain blocks of 1024 threads that meet through global memory (tiles.GROUP_SYNC_CUDA), so
+    every multiprocessor takes them (see GROUP_CHANNEL_PARTS)."""
 
     layout = "group_channel"
 
@@ -374,7 +374,7 @@ class BatchNormGroupChannel(BatchNormClusterChannel):
                 "cluster_channel serves it"
             )
         slots = call.sm_count * group_channel_plan(call).blocks_per_sm
-        if slots < plan.cluster:  # GROUP_SYNC_CUDA: a channel's parts must run side by side
+        if slots < plan.cluster:  # tiles.GROUP_SYNC_CUDA: parts run side by side
             return (
                 f"{call.sm_count} multiprocessors hold {slots} of its blocks at once, fewer than "
                 f"a channel's {plan.cluster} parts"
@@ -716,12 +716,14 @@ def _held_channel_body(shape: _Shape, batch: int, plan: RowPlan, ticketed: bool 
     def part_values(part):
         return T.Cast("float32", T.min(T.max(vectors - part * held, 0), held) * vec)
 
+    launch = tiles.group_launch if ticketed else tiles.launch
+
     @T.macro
     def body(X, W, Bias, RM, RV, S, Q, Y):
-        with _held_launch(plan, shape.channels, ticketed) as block:
+        with launch(plan, shape.channels) as block:
             T.annotate_min_blocks_per_sm(plan.blocks_per_sm)
             lane = T.get_thread_binding()
-            bx = _ticket(Q, shape.channels, lane) if ticketed else block
+            bx = tiles.take_ticket(Q, shape.channels, lane) if ticketed else block
             c, part = bx // cluster, bx % cluster
             store = tiles.row_store(plan, shape.dtype)
             scratch = T.alloc_shared((2, tiles.warps(plan)), "float32")
@@ -755,7 +757,7 @@ def _held_channel_body(shape: _Shape, batch: int, plan: RowPlan, ticketed: bool 
             mean = T.alloc_var("float32", init=part_mean)
             var = T.alloc_var("float32", init=part_m2 / count)
             if ticketed:
-                G = _group_partials(S, Q, c, part, part_total, part_m2, cluster, lane)
+                G = tiles.gather_partials(S, Q, c, part, part_total, part_m2, cluster, lane)
                 mean = tiles.merged_mean(G, 0, cluster, count)
                 var = tiles.merged_var(G, 0, cluster, count, mean, part_values)
             elif cluster > 1:
@@ -781,83 +783,6 @@ def _held_channel_body(shape: _Shape, batch: int, plan: RowPlan, ticketed: bool 
                 update_stats(RM, RV, c, mean, var, count)
 
     return body
-
-
-# group_channel's synchronization, as CUDA the kernel imports: blocks take tickets in the order
-# they start, so the blocks already running are always the first tickets, and a channel's
-# parts, `parts` consecutive tickets, wait only for blocks that run or will run once earlier
-# channels finish (the same argument as a decoupled look-back scan's). Only the last channel
-# to start can be incomplete, so the device must hold at least `parts` blocks at once (the
-# region refuses smaller ones). The partials are read from L2 (__ldcg): other multiprocessors
-# wrote them.
-GROUP_SYNC_CUDA = """
-__device__ __forceinline__ int tileops_take_ticket(void* tickets) {
-  return atomicAdd(static_cast<int*>(tickets), 1);
-}
-__device__ __forceinline__ void tileops_arrive_and_wait(void* arrived, int parts) {
-  __threadfence();
-  atomicAdd(static_cast<int*>(arrived), 1);
-  int seen;
-  do {
-    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(arrived) : "memory");
-  } while (seen < parts);
-}
-__device__ __forceinline__ float tileops_load_l2(const void* at) {
-  return __ldcg(static_cast<const float*>(at));
-}
-"""
-
-
-def _held_launch(plan: RowPlan, channels: int, ticketed: bool):
-    """A hardware cluster per channel (tiles.launch), or, ticketed, `plan.cluster` plain blocks
-    per channel that meet through global memory."""
-    import tilelang.language as T
-
-    from . import tiles
-
-    if not ticketed:
-        return tiles.launch(plan, channels)
-    return T.Kernel(channels * plan.cluster, threads=plan.threads, prelude=GROUP_SYNC_CUDA)
-
-
-def _ticket(Q, channels: int, lane):
-    """This block's place in start order, from the ticket counter Q[channels]."""
-    import tilelang.language as T
-
-    @T.macro
-    def take(Q, lane):
-        mine = T.alloc_shared((1,), "int32")
-        if lane == 0:
-            tickets = T.access_ptr(Q[channels], "rw")
-            mine[0] = T.call_extern("int32", "tileops_take_ticket", tickets)
-        T.sync_threads()
-        return mine[0]
-
-    return take(Q, lane)
-
-
-def _group_partials(S, Q, c, part, first, second, parts: int, lane):
-    """group_channel: publish this part's (sum, M2) in S[c, part], wait until all `parts` of
-    channel c have (Q[c] counts them), and gather them into shared memory."""
-    import tilelang.language as T
-
-    @T.macro
-    def gather(S, Q, c, part, first, second, lane):
-        G = T.alloc_shared((1, parts, 2), "float32")
-        if lane == 0:
-            S[c, part, 0] = first
-            S[c, part, 1] = second
-            arrived = T.access_ptr(Q[c], "rw")
-            T.evaluate(T.call_extern("handle", "tileops_arrive_and_wait", arrived, parts))
-        T.sync_threads()
-        if lane < 2 * parts:
-            G[0, lane // 2, lane % 2] = T.call_extern(
-                "float32", "tileops_load_l2", T.access_ptr(S[c, lane // 2, lane % 2], "r")
-            )
-        T.sync_threads()
-        return G
-
-    return gather(S, Q, c, part, first, second, lane)
 
 
 def _welford(shape: _Shape, threads: int):

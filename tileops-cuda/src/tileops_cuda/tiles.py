@@ -111,6 +111,69 @@ def publish_partials(plan: RowPlan, S, P, row, part, first, second):
         share_partials(S, row, part, first, second)
 
 
+# Blocks that meet through global memory instead of a cluster barrier (BatchNorm's
+# group_channel), as CUDA the kernel imports: blocks take tickets in the order they start, so
+# the blocks already running are always the first tickets, and a row's parts, consecutive
+# tickets, wait only for blocks that run or will run once earlier rows finish (the same argument
+# as a decoupled look-back scan's). Only the last row to start can be incomplete, so the device
+# must hold a row's parts at once (the caller's region refuses smaller ones). The partials are
+# read from L2 (__ldcg): other multiprocessors wrote them.
+GROUP_SYNC_CUDA = """
+__device__ __forceinline__ int tileops_take_ticket(void* tickets) {
+  return atomicAdd(static_cast<int*>(tickets), 1);
+}
+__device__ __forceinline__ void tileops_arrive_and_wait(void* arrived, int parts) {
+  __threadfence();
+  atomicAdd(static_cast<int*>(arrived), 1);
+  int seen;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(arrived) : "memory");
+  } while (seen < parts);
+}
+__device__ __forceinline__ float tileops_load_l2(const void* at) {
+  return __ldcg(static_cast<const float*>(at));
+}
+"""
+
+
+def group_launch(plan: RowPlan, m):
+    """launch's grid as plain blocks, `plan.cluster` per row, with GROUP_SYNC_CUDA."""
+    return T.Kernel(T.ceildiv(m, plan.rows) * plan.cluster, threads=plan.threads,
+                    prelude=GROUP_SYNC_CUDA)  # fmt: skip
+
+
+@T.macro
+def take_ticket(Q, m, lane):
+    """This block's place in start order, from the ticket counter Q[m] (after the rows'
+    arrival counts Q[:m])."""
+    mine = T.alloc_shared((1,), "int32")
+    if lane == 0:
+        tickets = T.access_ptr(Q[m], "rw")
+        mine[0] = T.call_extern("int32", "tileops_take_ticket", tickets)
+    T.sync_threads()
+    return mine[0]
+
+
+@T.macro
+def gather_partials(S, Q, row, part, first, second, parts: int, lane):
+    """group_launch's share_partials: publish this part's two statistics in S[row, part], wait
+    until all `parts` of the row have (Q[row] counts them), and gather them into shared memory,
+    returned as P[0, part] (partials_at's dsmem layout)."""
+    P = T.alloc_shared((1, parts, 2), "float32")
+    if lane == 0:
+        S[row, part, 0] = first
+        S[row, part, 1] = second
+        arrived = T.access_ptr(Q[row], "rw")
+        T.evaluate(T.call_extern("handle", "tileops_arrive_and_wait", arrived, parts))
+    T.sync_threads()
+    if lane < 2 * parts:
+        P[0, lane // 2, lane % 2] = T.call_extern(
+            "float32", "tileops_load_l2", T.access_ptr(S[row, lane // 2, lane % 2], "r")
+        )
+    T.sync_threads()
+    return P
+
+
 @T.macro
 def merged_mean(S, row, parts: int, values):
     """The whole's mean from the parts' sums in S[row, :, 0] (share_partials), over `values`."""
