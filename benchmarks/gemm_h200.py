@@ -25,7 +25,7 @@ from triton.testing import do_bench
 
 from tileops.ops import GemmCall
 from tileops_triton.compile import chosen
-from tileops_triton.gemm import TritonGemm
+from tileops_triton.gemm.kernels import TritonGemm
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (1, 4096, 4096), (16, 4096, 4096),
           (64, 4096, 4096)]  # fmt: skip

@@ -162,7 +162,7 @@ def triton_plans(op: str, call: Any) -> list[Any]:
     fused rows read through L1 or with `evict_first` (RowPlan.cached); bfloat16 rows also held
     as loaded (RowPlan.held), uncapped and with the registers of 2 and 3 programs per SM."""
     from tileops_triton.compile import next_pow2
-    from tileops_triton.rows import RowPlan
+    from tileops_triton.rows.plans import RowPlan
 
     block = next_pow2(call.n)
     found = []
@@ -194,16 +194,16 @@ def triton_label(plan: Any) -> str:
 
 def triton_kernel(op: str, plan: Any) -> Callable[..., torch.Tensor]:
     """The Triton launcher of `op` with `plan`, as a kernel of the op's arguments."""
-    from tileops_triton import norms, softmax
+    from tileops_triton.rows import launch
 
     def run(x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(x)
         if op == "layer_norm":
-            norms.layer_norm(plan, x, *params, EPS, out)
+            launch.layer_norm(plan, x, *params, EPS, out)
         elif op == "rms_norm":
-            norms.rms_norm(plan, x, *params, EPS, out)
+            launch.rms_norm(plan, x, *params, EPS, out)
         else:
-            softmax.softmax(plan, x, out)
+            launch.softmax(plan, x, out)
         return out
 
     return run

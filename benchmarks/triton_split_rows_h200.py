@@ -3,7 +3,7 @@ SPLIT programs, each holding its part in registers and reading the other parts o
 statistics (their second read served by L2), so a program needs half the registers of a
 held row and more programs share a multiprocessor. LayerNorm (statistics in one reduction per
 part, or SPLIT = 2 in a single one) and softmax (SPLIT = 2), against the served plans
-(tileops_triton.rows) and a same-run copy of the op's bytes:
+(tileops_triton.rows.plans) and a same-run copy of the op's bytes:
 
     python benchmarks/triton_split_rows_h200.py [--n 32768]
 
@@ -23,10 +23,10 @@ import triton
 import triton.language as tl
 from batchnorm_gemm_h200 import bench
 
-from tileops_triton import norms, softmax
-from tileops_triton._norm_kernels import _add_pairs, store_shifted_layer_norm, widened
-from tileops_triton._softmax_kernels import _merged
-from tileops_triton.rows import row_plan
+from tileops_triton.rows.launch import layer_norm, softmax
+from tileops_triton.rows.norm_programs import _add_pairs, store_shifted_layer_norm, widened
+from tileops_triton.rows.plans import row_plan
+from tileops_triton.rows.softmax_programs import _merged
 
 ELEMENTS = 1 << 26
 EPS = 1e-5
@@ -125,9 +125,9 @@ def main() -> None:
             print(f"{label}: failed {str(failure).splitlines()[0][:160]}")
 
     served = row_plan(n, "layer_norm", x.dtype)
-    report(f"LN served {served}", "layer_norm", lambda: norms.layer_norm(served, x, w, b, EPS, y))
+    report(f"LN served {served}", "layer_norm", lambda: layer_norm(served, x, w, b, EPS, y))
     served = row_plan(n, "softmax", x.dtype)
-    report(f"SM served {served}", "softmax", lambda: softmax.softmax(served, x, y))
+    report(f"SM served {served}", "softmax", lambda: softmax(served, x, y))
     for split, warps, cap in itertools.product((2, 4), (4, 8, 16), (None, 32, 40, 64)):
         launch = {"num_warps": warps, **({"maxnreg": cap} if cap else {})}
         block, grid = n // split, (rows * split,)

@@ -2,11 +2,10 @@
 
 Two shapes of program per norm, both computing in float32:
 - fused: a tile of ROWS whole rows in registers, one read and one write of each element, the
-  read cached in L1 (`.ca`: 2-4 points of copy over `evict_first` for softmax at 1K-32K, the
-  H200, benchmarks/results/triton_softmax_variants_nvidia_h200.txt);
+  read cached in L1 (`.ca`, TUNING.md#cached-reads);
 - held: one row per program kept as loaded (16-bit values packed two to a register) between
   its uses, each use converting to float32 anew; half the registers of a float32 row, so a
-  4K-32K bfloat16 row leaves room for more programs on the multiprocessor (rows.HELD);
+  4K-32K bfloat16 row leaves room for more programs on the multiprocessor (plans.HELD);
 - looped: one row per program in CHUNK-wide slices, for rows too long for registers: a
   statistics pass, then a normalizing pass that walks the row backwards, so it starts on the
   slices the first pass read last, which are still in L2.

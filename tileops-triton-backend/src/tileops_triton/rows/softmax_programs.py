@@ -1,6 +1,6 @@
 """Triton programs of softmax (imported on first build: it imports triton).
 
-fused: a tile of ROWS whole rows in registers, read with `.ca` as the norms' (_norm_kernels).
+fused: a tile of ROWS whole rows in registers, read with `.ca` as the norms' (norm_programs).
 held: one row per program kept as loaded (as the norms' held rows) and one reduction instead of
 two: each lane's VEC-wide vector gives its own (max, sum of exponentials) without leaving the
 lane, and the row's pairs merge in one tree (the online rescaling), so the block synchronises
@@ -15,7 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._norm_kernels import widened
+from .norm_programs import widened
 
 
 @triton.jit
