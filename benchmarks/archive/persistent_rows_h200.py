@@ -6,7 +6,7 @@ normalizes the current one, and its slices of LayerNorm's / RMSNorm's weight and
 registers for every row (norm_params_h200 showed them costing 4 points each at 64K, read from
 L2 per row). Against the served cluster_row kernel, at M*N = 2^26 on the H200:
 
-    python benchmarks/persistent_rows_h200.py [--out DIR]
+    python benchmarks/archive/persistent_rows_h200.py [--out DIR]
 
 Writes `<out>/persistent_rows_<device>.json` and prints one line per configuration.
 """
@@ -15,11 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
+
 import torch
-from batchnorm_gemm_h200 import bench
-from norms_h200 import EPS, _op_setup
+from _harness.copies import copy_moving
+from _harness.ops import EPS, model_bytes, row_op_setup
+from _harness.provenance import result_path, results_dir
+from _harness.timing import bench
 
 # kind, n, dtype, cluster size, threads, blocks per SM, stages
 CONFIGS = [
@@ -127,12 +132,9 @@ def measure(config, sms: int) -> list[dict]:
     kind, n, dtype, cluster, threads, per_sm, stages = config
     op = "layer_norm" if kind == "layer" else "rms_norm"
     x = torch.randn(2**26 // n, n, device="cuda", dtype=getattr(torch, dtype))
-    tile_op, args, eager, _, _ = _op_setup(op, x)
+    tile_op, args, eager, _, _ = row_op_setup(op, x)
     w, b = args[1], args[-1]
-    nbytes = (2 * x.numel() + sum(a.numel() for a in args[1:])) * x.element_size()
-    src = torch.empty(nbytes // 2, device="cuda", dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    copy, served = bench(lambda: dst.copy_(src), 2), bench(lambda: tile_op(*args), 2)
+    copy, served = bench(copy_moving(model_bytes(args)), 2), bench(lambda: tile_op(*args), 2)
     want = eager(*args).float()
     rows = []
     for grid in sorted({sms * per_sm // cluster, sms * per_sm // cluster - 1}):
@@ -158,12 +160,12 @@ def measure(config, sms: int) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--out", default=str(results_dir("norms")))
     args = parser.parse_args()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = [row for config in CONFIGS for row in measure(config, sms)]
-    device = torch.cuda.get_device_name().replace(" ", "_").lower()
-    Path(args.out, f"persistent_rows_{device}.json").write_text(json.dumps(rows, indent=1))
+    path = result_path(args.out, "persistent_rows", torch.cuda.get_device_name(), ".json")
+    path.write_text(json.dumps(rows, indent=1))
 
 
 if __name__ == "__main__":

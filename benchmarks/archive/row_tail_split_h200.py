@@ -6,16 +6,21 @@ launch: the served kernel on the whole waves' rows, then a plan with 2 or 4 time
 (a quarter of the slice per block) on the rest, against the served kernel on all rows; % of a
 same-run copy of the op's bytes, medians of do_bench (L2 cleared), best of 3.
 
-    python benchmarks/row_tail_split_h200.py     (results/row_tail_split_nvidia_h200.txt)
+    python benchmarks/archive/row_tail_split_h200.py  (results/norms/row_tail_split_nvidia_h200.txt)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
 
 import torch
-from batchnorm_gemm_h200 import bench_all
-from norms_h200 import DTYPES, _op_setup
+from _harness.copies import copy_moving
+from _harness.ops import DTYPES, model_bytes, row_op_setup
+from _harness.timing import bench_all
 
 CASES = [("layer_norm", "bfloat16", 65536), ("layer_norm", "bfloat16", 131072),
          ("layer_norm", "bfloat16", 262144), ("softmax", "bfloat16", 131072),
@@ -42,16 +47,16 @@ def measure(op: str, dtype: str, n: int) -> list[str]:
     op_cls = {"layer_norm": LayerNormFwdOp, "rms_norm": RMSNormFwdOp, "softmax": SoftmaxFwdOp}
     m = 2**26 // n
     x = torch.randn(m, n, device="cuda", dtype=DTYPES[dtype])
-    _, args, eager, _, call = _op_setup(op, x)
+    _, args, eager, _, call = row_op_setup(op, x)
     params = args[1:]
     cls = tileops_cuda.KERNELS[op_cls[op]]["tilelang_cluster_row"]
     plan = cls.plan(call)
     served = cls.build(plan, call, f"tail/{op}/{n}/{plan}")
-    nbytes = (2 * x.numel() + sum(p.numel() for p in params)) * x.element_size()
-    src = torch.empty(nbytes // 2, device="cuda", dtype=torch.uint8)
-    dst = torch.empty_like(src)
     active = call.sm_count * plan.blocks_per_sm // plan.cluster
-    contenders = {"copy": lambda: dst.copy_(src), "served": lambda: served.forward(x, *params)}
+    contenders = {
+        "copy": copy_moving(model_bytes(args)),
+        "served": lambda: served.forward(x, *params),
+    }
     want = eager(*args).float()
     for factor in (2, 4):
         fine = finer(plan, factor, call)

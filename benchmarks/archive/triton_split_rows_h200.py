@@ -5,7 +5,7 @@ held row and more programs share a multiprocessor. LayerNorm (statistics in one 
 part, or SPLIT = 2 in a single one) and softmax (SPLIT = 2), against the served plans
 (tileops_triton.rows.plans) and a same-run copy of the op's bytes:
 
-    python benchmarks/triton_split_rows_h200.py [--n 32768]
+    python benchmarks/archive/triton_split_rows_h200.py [--n 32768]
 
 Prints one line per configuration: % of copy and the relative error against float32 torch.
 """
@@ -14,22 +14,25 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import sys
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
-from batchnorm_gemm_h200 import bench
+from _harness.copies import copy_moving
+from _harness.ops import ELEMENTS, EPS
+from _harness.timing import bench
 
 from tileops_triton.rows.launch import layer_norm, softmax
 from tileops_triton.rows.norm_programs import _add_pairs, store_shifted_layer_norm, widened
 from tileops_triton.rows.plans import row_plan
 from tileops_triton.rows.softmax_programs import _merged
-
-ELEMENTS = 1 << 26
-EPS = 1e-5
 
 
 @triton.jit
@@ -114,7 +117,10 @@ def main() -> None:
         "layer_norm": F.layer_norm(x.float(), (n,), w.float(), b.float(), EPS),
         "softmax": torch.softmax(x.float(), -1),
     }
-    copy = {"layer_norm": copy_ms((2 * x.numel() + 2 * n) * 2), "softmax": copy_ms(4 * x.numel())}
+    copy = {
+        "layer_norm": bench(copy_moving((2 * x.numel() + 2 * n) * 2), 3),
+        "softmax": bench(copy_moving(4 * x.numel()), 3),
+    }
 
     def report(label: str, op: str, fn: Callable[[], object]) -> None:
         try:
@@ -138,12 +144,6 @@ def main() -> None:
             report(f"LN halves one reduction {warps}w cap {cap}", "layer_norm", run)
             run = partial(softmax_halves[grid], x, y, n, block, 8, **launch)
             report(f"SM halves {warps}w cap {cap}", "softmax", run)
-
-
-def copy_ms(nbytes: int) -> float:
-    src = torch.empty(nbytes // 2, device="cuda", dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    return bench(lambda: dst.copy_(src), 3)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ same call replayed from a CUDA graph (no host launch path), and `<name> kernel` 
 GPU kernel time alone (profiler, L2 cleared), against a copy timed the same way: a small
 layer's kernels take a few microseconds, less than an eager launch or a graph replay.
 
-    python benchmarks/batchnorm_gemm_h200.py [--part batchnorm,gemm] [--modes train,infer]
+    python benchmarks/suites/batchnorm_gemm_h200.py [--part batchnorm,gemm] [--modes train,infer]
         [--dtypes bfloat16,...] [--batches 32,256] [--max-m M] [--rounds 2] [--no-compile]
         [--out DIR]
         [--commit SHA]
@@ -32,19 +32,22 @@ commit.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import statistics
+import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
+
 import torch
 import torch.nn.functional as F
-from provenance import git_commit
+from _harness.copies import copy_gbps, copy_moving
+from _harness.ops import DTYPES, EPS, MOMENTUM, bn_call_for, bn_params
+from _harness.provenance import result_path, results_dir, run_stamp
+from _harness.timing import bench_all, graphed, kernel_us, loop_us
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # ResNet-50's BatchNorm layers as (channels, height, width), torchvision's layout.
 RESNET50 = [(64, 112, 112), (64, 56, 56), (256, 56, 56), (128, 56, 56), (128, 28, 28),
             (512, 28, 28), (256, 28, 28), (256, 14, 14), (1024, 14, 14), (512, 14, 14),
@@ -55,7 +58,6 @@ GEMM_SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (4096, 11008, 4096), (409
                (64, 4096, 4096), (1, 11008, 4096), (32, 14336, 4096), (1, 8192, 8192),
                (16, 8192, 8192), (64, 8192, 8192)]  # fmt: skip
 PASSES = {"train": 3, "infer": 2}
-EPS, MOMENTUM = 1e-5, 0.1
 
 
 @dataclass
@@ -69,48 +71,6 @@ class Row:
     ms: dict[str, float] = field(default_factory=dict)
     score: dict[str, float] = field(default_factory=dict)  # % of copy, or TFLOP/s
     copy_gbps: float = 0.0
-
-
-def bench(fn: Callable[[], Any], rounds: int) -> float:
-    """Milliseconds: the best of `rounds` medians of do_bench (L2 cleared per repetition)."""
-    from triton.testing import do_bench
-
-    return min(do_bench(fn, return_mode="median") for _ in range(rounds))
-
-
-def bench_all(contenders: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    """Milliseconds per contender: the best of `rounds` medians, the rounds interleaved across
-    contenders, so a transient slowdown (compile workers still busy after torch.compile's first
-    call, clocks settling) cannot land on one contender's rounds only."""
-    from triton.testing import do_bench
-
-    best = dict.fromkeys(contenders, float("inf"))
-    for _ in range(rounds):
-        for name, fn in contenders.items():
-            best[name] = min(best[name], do_bench(fn, return_mode="median"))
-    return best
-
-
-def loop_us(fn: Callable[[], Any], calls: int = 200) -> float:
-    """Microseconds per call of `calls` back-to-back calls, L2 warm: whichever of the host's
-    launch path and the GPU is slower, as in a model's layer loop."""
-    import time
-
-    fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) / calls * 1e6
-
-
-def copy_gbps(nbytes: int, rounds: int) -> float:
-    """Device-to-device copy bandwidth on `nbytes` (read + write counted), GB/s."""
-    src = torch.empty(nbytes // 2, dtype=torch.int16, device="cuda")
-    dst = torch.empty_like(src)
-    ms = bench(lambda: dst.copy_(src), rounds)
-    return 2 * src.numel() * 2 / ms / 1e6
 
 
 # -- BatchNorm -------------------------------------------------------------------------------
@@ -151,32 +111,6 @@ def bn_contenders(
     return contenders, op.key_for(interface, call)
 
 
-def bn_params(x: torch.Tensor) -> list[torch.Tensor]:
-    """Weight, bias, running mean and variance of x's channels, in x's dtype."""
-    c = x.shape[1]
-    w, b = torch.randn(c, device="cuda"), torch.randn(c, device="cuda")
-    rm, rv = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
-    return [t.to(x.dtype) for t in (w, b, rm, rv)]
-
-
-def training_case(shape: tuple[int, ...]) -> tuple[torch.Tensor, list, Any, float]:
-    """A bfloat16 x of `shape` (mean 0.5, spread 2), its bn_params, its call spec, and the
-    kernel time of a copy of three passes' bytes (training's two reads and a write), in us."""
-    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16) * 2 + 0.5
-    three_passes_us = kernel_us(copy_moving(3 * x.numel() * x.element_size()))
-    return x, bn_params(x), bn_call_for(x), three_passes_us
-
-
-def bn_call_for(x: torch.Tensor) -> Any:
-    """The call spec of an affine BatchNorm with running statistics on x, params in x's dtype."""
-    from tileops.ops import BatchNormCall
-
-    return BatchNormCall(device=x.device, batch=x.shape[0], channels=x.shape[1],
-                         spatial=x[0, 0].numel(), eps=EPS, momentum=MOMENTUM, dtype=x.dtype,
-                         has_weight=True, has_bias=True, has_running_stats=True,
-                         param_dtype=x.dtype)  # fmt: skip
-
-
 def measure_bn(mode: str, shape: tuple[int, ...], dtype: str, args: argparse.Namespace) -> Row:
     x = torch.randn(shape, device="cuda", dtype=DTYPES[dtype]) * 2 + 0.5
     contenders, served = bn_contenders(mode, x, not args.no_compile)
@@ -200,27 +134,6 @@ def measure_bn(mode: str, shape: tuple[int, ...], dtype: str, args: argparse.Nam
         if name in contenders:
             row.score[f"{name} kernel"] = 100 * copy_us / kernel_us(contenders[name])
     return row
-
-
-def copy_moving(nbytes: int) -> Callable[[], Any]:
-    """A device-to-device copy that moves `nbytes` in all (half read, half written)."""
-    src = torch.empty(nbytes // 4, dtype=torch.int16, device="cuda")
-    dst = torch.empty_like(src)
-    return lambda: dst.copy_(src)
-
-
-def graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
-    """`fn` captured in a CUDA graph, its replay: the GPU's time without the host's launch
-    path, as under CUDA graphs or torch.compile's reduce-overhead mode."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 # -- GEMM ------------------------------------------------------------------------------------
@@ -272,52 +185,6 @@ def weight_read_from_kernel_times(row: Row, contenders: dict, weight_bytes: int)
             row.score[f"{name} weight %{suffix}"] = 100 * copy_us / (2 * kernel_us(fn, clear=clear))
 
 
-def kernel_us(fn: Callable[[], Any], calls: int = 30, clear: str = "write") -> float:
-    """Median microseconds of GPU kernel time per call of `fn` (every kernel it launches), the
-    L2 cleared before each call by writing (`clear` "write") or reading ("read") a 256 MB
-    buffer; from torch.profiler's device-side durations."""
-    per_call = _kernels_per_call(fn, calls, clear)
-    return statistics.median(sum(e.time_range.elapsed_us() for e in call) for call in per_call)
-
-
-def kernel_breakdown(fn: Callable[[], Any], calls: int = 30, clear: str = "read") -> list:
-    """(name, median us) of each kernel one call of `fn` launches, in launch order."""
-    per_call = _kernels_per_call(fn, calls, clear)
-    return [
-        (call_events[0].name, statistics.median(e.time_range.elapsed_us() for e in call_events))
-        for call_events in zip(*per_call, strict=True)
-    ]
-
-
-def _kernels_per_call(fn: Callable[[], Any], calls: int, clear: str) -> list[list]:
-    """Each call's device kernels in launch order, the L2 cleared before each call."""
-    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
-    clear_l2 = flush.zero_ if clear == "write" else lambda: flush.max()
-    clearing = {e.name for e in _device_kernels(clear_l2, 1)}
-    fn()
-    torch.cuda.synchronize()
-    kernels = [e for e in _device_kernels(fn, calls, clear_l2) if e.name not in clearing]
-    if len(kernels) % calls:
-        raise RuntimeError(f"{len(kernels)} kernels over {calls} calls: cannot split them")
-    each = len(kernels) // calls
-    ordered = sorted(kernels, key=lambda e: e.time_range.start)
-    return [ordered[i : i + each] for i in range(0, len(ordered), each)]
-
-
-def _device_kernels(fn: Callable[[], Any], calls: int, before: Callable[[], Any] | None = None):
-    """The device kernels of `calls` calls of `fn`, each after `before` and a synchronize."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CUDA]) as trace:
-        for _ in range(calls):
-            if before is not None:
-                before()
-                torch.cuda.synchronize()  # each call's kernels after its own clearing
-            fn()
-        torch.cuda.synchronize()
-    return [e for e in trace.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-
 def arch() -> int:
     major, minor = torch.cuda.get_device_capability()
     return 10 * major + minor
@@ -366,7 +233,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-m", type=int, default=None, help="GEMM shapes with m <= this")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--out", default=str(results_dir("batch_norm")))
     parser.add_argument("--commit", default=None)
     args = parser.parse_args(argv)
     args.part = args.part.split(",")
@@ -399,8 +266,7 @@ def run(args: argparse.Namespace, meta: dict) -> list[Row]:
 
 
 def write(rows: list[Row], meta: dict, out: Path) -> str:
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"batchnorm_gemm_{meta['device'].replace(' ', '_').lower()}"
+    stem = result_path(out, "batchnorm_gemm", meta["device"], "")
     payload = {**meta, "rows": [asdict(r) for r in rows]}
     stem.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
     text = markdown(rows, meta)
@@ -416,15 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     import tilelang
 
-    device = torch.cuda.get_device_name()
-    meta = {
-        "device": device,
-        "date": datetime.date.today().isoformat(),
-        "commit": args.commit or git_commit(),
-        "torch": torch.__version__,
-        "tilelang": tilelang.__version__,
-        "rounds": args.rounds,
-    }
+    meta = run_stamp(args.commit, tilelang=tilelang.__version__, rounds=args.rounds)
     print(write(run(args, meta), meta, Path(args.out)))
 
 

@@ -1,6 +1,6 @@
 """Dispatch overhead: `Op.kernel_for` hits and misses against calling the kernel directly.
 
-Run `python benchmarks/dispatch_overhead.py` (or with `--quick` for a short run). Each row is
+Run `python benchmarks/suites/dispatch_overhead.py` (or with `--quick` for a short run). Each row is
 the median, over several repeats, of a timed loop's time per call. The device is a simulated
 `cuda:0` (sm_90), so misses read device facts exactly as on a GPU machine. The issue's goal: a
 hit costs at most 1 us above calling the kernel directly, and does not grow with installed keys.

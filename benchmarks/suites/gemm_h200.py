@@ -6,7 +6,7 @@ warm-up), then both are timed alternately as medians of `triton.testing.do_bench
 clears the L2 before each repetition) on fresh random inputs. The goal: Triton at 4096^3
 reaches at least 85% of torch.matmul's TFLOP/s.
 
-    python benchmarks/gemm_h200.py [--out DIR] [--commit SHA]
+    python benchmarks/suites/gemm_h200.py [--out DIR] [--commit SHA]
 
 Writes `<out>/gemm_<device>.{md,json}` stamped with the date, device, versions and commit.
 """
@@ -14,14 +14,16 @@ Writes `<out>/gemm_<device>.{md,json}` stamped with the date, device, versions a
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
 
 import torch
 import triton
-from provenance import git_commit
-from triton.testing import do_bench
+from _harness.provenance import result_path, results_dir, run_stamp
+from _harness.timing import bench_all
 
 from tileops.ops import GemmCall
 from tileops_triton.compile import chosen
@@ -40,15 +42,12 @@ def measure(m: int, n: int, k: int) -> dict:
     kernel = TritonGemm.entry_for(call)[1]()
     error = relative_error(kernel(a, b), a, b)  # also the tuning run
     contenders = {"triton": lambda: kernel(a, b), "torch": lambda: torch.matmul(a, b)}
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(ROUNDS):
-        for name, fn in contenders.items():
-            times[name].append(do_bench(fn, return_mode="median"))
+    times = bench_all(contenders, ROUNDS)
     flop = 2.0 * m * n * k
     row = {"m": m, "n": n, "k": k, "rel_error": error, "config": str(kernel_config(kernel))}
     for name, ms in times.items():
-        row[f"{name}_ms"] = min(ms)
-        row[f"{name}_tflops"] = flop / min(ms) / 1e9
+        row[f"{name}_ms"] = ms
+        row[f"{name}_tflops"] = flop / ms / 1e9
     row["ratio"] = row["triton_tflops"] / row["torch_tflops"]
     return row
 
@@ -87,21 +86,12 @@ def markdown(rows: list[dict], meta: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--out", default=str(results_dir("gemm")))
     parser.add_argument("--commit", default=None)
     args = parser.parse_args()
-    device = torch.cuda.get_device_name()
-    meta = {
-        "device": device,
-        "date": datetime.date.today().isoformat(),
-        "commit": args.commit or git_commit(),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-    }
+    meta = run_stamp(args.commit, triton=triton.__version__)
     rows = [measure(*shape) for shape in SHAPES]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"gemm_{device.replace(' ', '_').lower()}"
+    stem = result_path(args.out, "gemm", meta["device"], "")
     stem.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
     text = markdown(rows, meta)
     stem.with_suffix(".md").write_text(text)

@@ -1,6 +1,6 @@
 """Host time per op call at decode-sized inputs, against torch and a custom_op wrapper.
 
-Run `python benchmarks/host_overhead.py [--device cuda]`. For each op: the torch function it
+Run `python benchmarks/suites/host_overhead.py [--device cuda]`. For each op: the torch function it
 matches called eagerly, the kernel that serves the op called directly, the tileops op called
 eagerly (the dispatcher directly), the op through its `tileops::` torch.library operator (the
 route tracing, autograd and autocast take), and a `torch.library.custom_op` wrapper around the
@@ -17,11 +17,15 @@ import argparse
 import datetime
 import platform
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
 
 import torch
 import torch.nn.functional as F
-from provenance import git_commit
+from _harness.provenance import git_commit
 
 import tileops
 from tileops import library

@@ -7,7 +7,7 @@ Liger-Kernel where installed; the tileops op as dispatched (and which key served
 installed key of the op that serves the call on this device, built through its own `entry_for`
 (so any backend's kernels appear once installed).
 
-    python benchmarks/norms_h200.py [--ops layer_norm,rms_norm,softmax] [--dtypes ...]
+    python benchmarks/suites/norms_h200.py [--ops layer_norm,rms_norm,softmax] [--dtypes ...]
         [--sizes 256,1024,...] [--out DIR]
 
 Writes `<out>/norms_<device>.{md,json,png}` stamped with the date, device and git commit.
@@ -16,35 +16,30 @@ Writes `<out>/norms_<device>.{md,json,png}` stamped with the date, device and gi
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
+
 import torch
-import torch.nn.functional as F
-from provenance import git_commit
+from _harness.copies import copy_moving
+from _harness.ops import DTYPES, ELEMENTS, EPS, model_bytes, row_op_setup
+from _harness.provenance import result_path, results_dir, run_stamp
 
 import tileops
 from tileops.backend import key_serves, register_kernel_type
 from tileops.backend.registry import REGISTRY
 from tileops.errors import TileOpsError
-from tileops.ops import (
-    LayerNormFwdOp,
-    RMSNormFwdOp,
-    SoftmaxCall,
-    SoftmaxFwdOp,
-)
 from tileops.table import table_for
 from tileops.testing import isolated_registry
 
-ELEMENTS = 2**26
 SIZES = [256, 1024, 4096, 8192, 16384, 32768, 65536, 131072, 262144]
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
-EPS = 1e-5
 
 
 @dataclass
@@ -77,25 +72,6 @@ def _liger(op: str) -> Callable[..., Any] | None:
         return None
 
 
-def _op_setup(op: str, x: torch.Tensor) -> tuple[Any, tuple, Callable, str, Any]:
-    """(tileops op, its args, torch eager fn, kernel interface, call spec) for `op` on x."""
-    n = x.shape[-1]
-    params = lambda: torch.randn(n, device=x.device, dtype=x.dtype)  # noqa: E731
-    if op == "layer_norm":
-        args = (x, params(), params())
-        tile_op = LayerNormFwdOp(n, EPS)
-        eager = lambda x, w, b: F.layer_norm(x, (n,), w, b, EPS)  # noqa: E731
-        return tile_op, args, eager, "layer_norm", tile_op.call_for(*args)
-    if op == "rms_norm":
-        args = (x, params())
-        tile_op = RMSNormFwdOp(n, EPS)
-        eager = lambda x, w: F.rms_norm(x, (n,), w, EPS)  # noqa: E731
-        return tile_op, args, eager, "rms_norm", tile_op.call_for(*args)
-    tile_op = SoftmaxFwdOp(-1)
-    call = SoftmaxCall(device=x.device, n=n, dtype=x.dtype)
-    return tile_op, (x,), lambda x: torch.softmax(x, -1), "softmax", call
-
-
 def _keys(op_obj: Any, interface: str, call: Any) -> dict[str, Callable[..., Any]]:
     """Every installed key of the op that runs on this device and serves `call`, built. Each is
     judged as if it were the only backend installed, so a key that steps aside for another
@@ -120,13 +96,9 @@ def _keys(op_obj: Any, interface: str, call: Any) -> dict[str, Callable[..., Any
 
 def make_case(op: str, dtype: torch.dtype, n: int) -> Case:
     x = torch.randn(ELEMENTS // n, n, device="cuda", dtype=dtype)
-    tile_op, args, eager, interface, call = _op_setup(op, x)
-    params = sum(a.numel() for a in args[1:])
-    model_bytes = (2 * x.numel() + params) * x.element_size()
-    src = torch.empty(model_bytes // 2, device="cuda", dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    case = Case(op, str(dtype).replace("torch.", ""), n, model_bytes)
-    case.contenders["copy"] = lambda: dst.copy_(src)
+    tile_op, args, eager, interface, call = row_op_setup(op, x)
+    case = Case(op, str(dtype).replace("torch.", ""), n, model_bytes(args))
+    case.contenders["copy"] = copy_moving(case.model_bytes)
     case.contenders["eager"] = lambda: eager(*args)
     # Each case compiles its own static graph: cases share `eager`'s code object, and past
     # dynamo's recompile limit (8) it would run them eagerly under the compile label.
@@ -256,21 +228,11 @@ def plot(results: list[dict], stamp: dict, path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def stamp() -> dict[str, str]:
-    return {
-        "date": datetime.date.today().isoformat(),
-        "commit": git_commit(),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "tileops": tileops.__version__ if hasattr(tileops, "__version__") else "",
-    }
-
-
 def _prebuild(job: tuple[str, str, int]) -> None:
     """Compile every key's entry for one case (in a worker: fills the kernels' disk caches)."""
     op, dtype, n = job
     x = torch.empty(1, n, device="cuda", dtype=DTYPES[dtype])
-    tile_op, _, _, interface, call = _op_setup(op, x)
+    tile_op, _, _, interface, call = row_op_setup(op, x)
     _keys(tile_op, interface, call)
 
 
@@ -284,8 +246,7 @@ def prebuild(jobs: list[tuple[str, str, int]], workers: int) -> None:
 
 
 def write(results: list[dict], info: dict, out: str) -> str:
-    os.makedirs(out, exist_ok=True)
-    base = os.path.join(out, f"norms_{info['device'].replace(' ', '_').lower()}")
+    base = str(result_path(out, "norms", info["device"], ""))
     with open(base + ".md", "w") as f:
         f.write(markdown(results, info))
     with open(base + ".json", "w") as f:
@@ -298,10 +259,10 @@ def main() -> None:
     parser.add_argument("--ops", default="layer_norm,rms_norm,softmax")
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    parser.add_argument("--out", default=str(results_dir("norms")))
     parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 12))
     args = parser.parse_args()
-    info = stamp()
+    info = run_stamp(tileops=getattr(tileops, "__version__", ""))
     jobs = [
         (op, dtype, n)
         for dtype in args.dtypes.split(",")

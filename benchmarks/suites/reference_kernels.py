@@ -1,11 +1,11 @@
 """Torch reference kernels (CPU) against the torch function each one matches.
 
-Run `python benchmarks/reference_kernels.py` (`--quick` for a short run, `--out PATH` to write
-the table elsewhere). Each kernel is built through its public `entry_for`, as the dispatcher
-builds it, and called on the canonical layout its interface receives; the torch function gets
-the same tensors. Both are timed in the same run, alternately, and each row shows medians over
-repeated loops. The goal: every reference kernel within 1.5x of its torch function, where the
-two are numerically equivalent (`NOT_EQUIVALENT` lists where they are not, and why).
+Run `python benchmarks/suites/reference_kernels.py` (`--quick` for a short run, `--out PATH` to
+write the table elsewhere). Each kernel is built through its public `entry_for`, as the
+dispatcher builds it, and called on the canonical layout its interface receives; the torch
+function gets the same tensors. Both are timed in the same run, alternately, and each row shows
+medians over repeated loops. The goal: every reference kernel within 1.5x of its torch function,
+where the two are numerically equivalent (`NOT_EQUIVALENT` lists where they are not, and why).
 """
 
 from __future__ import annotations
@@ -14,12 +14,16 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import timeit
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
+
 import torch
 import torch.nn.functional as F
+from _harness.provenance import results_dir
 
 from tileops.ops import BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
 from tileops.ops.gemm import GemmCall
@@ -32,7 +36,7 @@ CPU = torch.device("cpu")
 DTYPES = (torch.float32, torch.bfloat16)
 EPS = 1e-5
 GOAL = 1.5
-RESULT = Path(__file__).parent / "results" / "reference_kernels_cpu.txt"
+RESULT = results_dir("reference") / "reference_kernels_cpu.txt"
 # (case prefix, dtype): why torch's function is no peer there, so the goal does not apply.
 NOT_EQUIVALENT = {
     ("batch_norm train", "bfloat16"): "torch's all-bfloat16 path rounds its batch statistics "

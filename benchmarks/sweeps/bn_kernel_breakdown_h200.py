@@ -5,7 +5,7 @@ A training layout moves x three times (split and tiled: two reads and a write) o
 (cluster: x held in shared memory); inference moves it twice, the floor for any training
 kernel that keeps x on chip. Scores are % of a same-run copy of three passes' bytes.
 
-    python benchmarks/bn_kernel_breakdown_h200.py [--shapes 256x256x3136,...] [--out DIR]
+    python benchmarks/sweeps/bn_kernel_breakdown_h200.py [--shapes 256x256x3136,...] [--out DIR]
 
 Writes `<out>/bn_kernel_breakdown_<device>.md`.
 """
@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
 
 import torch
 import torch.nn.functional as F
-from batchnorm_gemm_h200 import EPS, MOMENTUM, kernel_breakdown, training_case
-from provenance import git_commit, write_markdown
+from _harness.ops import EPS, MOMENTUM, training_case
+from _harness.provenance import git_commit, results_dir, write_markdown
+from _harness.timing import kernel_breakdown
 
 SHAPES = "256x256x3136,256x128x3136,256x64x12544,256x512x784,4x128x1048576"
 KEYS = ("tilelang_bn_split_channel", "tilelang_bn_cluster_channel", "tilelang_bn_group_channel",
@@ -63,7 +67,7 @@ def rows_for(shape: tuple[int, int, int]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=SHAPES)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--out", default=str(results_dir("batch_norm")))
     args = parser.parse_args()
     device = torch.cuda.get_device_name()
     lines = [f"# BatchNorm training kernels on {device}\n",

@@ -5,8 +5,8 @@ kernel is built for the call through its own `entry_for` (a key outside its regi
 builds where its plan fits the device) and timed beside `torch.compile` of `F.batch_norm`, as
 a share of the same-run copy bandwidth on three passes' bytes.
 
-    python benchmarks/bn_layouts_h200.py [--shapes 32x256x3136,...] [--dtypes bfloat16,float32]
-        [--out DIR] [--commit SHA]
+    python benchmarks/sweeps/bn_layouts_h200.py [--shapes 32x256x3136,...]
+        [--dtypes bfloat16,float32] [--out DIR] [--commit SHA]
 
 Writes `<out>/bn_layouts_<device>.md` (after every row), stamped with the date and commit.
 Every key compiles for every shape: budget about 20 s per shape and dtype.
@@ -16,20 +16,17 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
 
 import torch
 import torch.nn.functional as F
-from batchnorm_gemm_h200 import (
-    DTYPES,
-    EPS,
-    MOMENTUM,
-    bench,
-    bn_call_for,
-    bn_params,
-    copy_gbps,
-)
-from provenance import git_commit
+from _harness.copies import copy_gbps
+from _harness.ops import DTYPES, EPS, MOMENTUM, bn_call_for, bn_params
+from _harness.provenance import git_commit, result_path, results_dir
+from _harness.timing import bench
 
 SHAPES = ("32x256x3136", "32x128x3136", "32x64x3136", "32x512x784", "256x512x196",
           "256x1024x196", "256x128x784")  # fmt: skip
@@ -70,7 +67,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--dtypes", default="bfloat16,float32")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--out", default=str(results_dir("batch_norm")))
     parser.add_argument("--commit", default=None)
     args = parser.parse_args()
     device = torch.cuda.get_device_name()
@@ -78,9 +75,7 @@ def main() -> None:
              f"{datetime.date.today().isoformat()}, commit {args.commit or git_commit()}, torch "
              f"{torch.__version__}; medians of do_bench (L2 cleared); % of a same-run copy of "
              "three passes' bytes; (serves): the key's region holds the call.", ""]  # fmt: skip
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"bn_layouts_{device.replace(' ', '_').lower()}.md"
+    path = result_path(args.out, "bn_layouts", device, ".md")
     header = False
     for dtype in args.dtypes.split(","):
         for text in args.shapes.split(","):

@@ -9,7 +9,8 @@ A cluster stays inside one GPC, so large clusters leave multiprocessors idle
 channel's other parts. Fewer threads per block or parts per channel change how many blocks
 share a multiprocessor, and so whether one block's load overlaps another's reductions.
 
-    python benchmarks/bn_parts_h200.py [--shapes 256x256x3136,...] [--variants group/smem/16/512]
+    python benchmarks/sweeps/bn_parts_h200.py [--shapes 256x256x3136,...]
+        [--variants group/smem/16/512]
 
 A variant is layout/hold/parts/threads: layout cluster or group (parts 1: one block per
 channel), hold reg or smem, parts 0 for the plan's own. Writes `<out>/bn_parts_<device>.md`.
@@ -20,12 +21,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import multiprocessing
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
 
 import torch
 import torch.nn.functional as F
-from batchnorm_gemm_h200 import EPS, MOMENTUM, bn_call_for, kernel_us, training_case
-from provenance import git_commit, write_markdown
+from _harness.ops import EPS, MOMENTUM, bn_call_for, training_case
+from _harness.provenance import git_commit, results_dir, write_markdown
+from _harness.timing import kernel_us
 
 SHAPES = "256x256x3136,256x128x3136,256x64x3136,32x64x12544,32x64x3136,256x128x784,32x512x784"
 VARIANTS = (
@@ -113,7 +118,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default=SHAPES)
     parser.add_argument("--variants", default=VARIANTS)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--out", default=str(results_dir("batch_norm")))
     args = parser.parse_args()
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     variants = args.variants.split(",")

@@ -2,9 +2,9 @@
 // (cudaOccupancyMaxActiveClusters), and which multiprocessors clusters of 16 and 8 blocks ever
 // reach (a cluster stays in one GPC: SMs that share a cluster share a GPC).
 //
-//   nvcc -arch=sm_90 -o cluster_placement benchmarks/cluster_placement.cu && ./cluster_placement
+//   nvcc -arch=sm_90 -o cluster_placement benchmarks/sweeps/cluster_placement.cu && ./cluster_placement
 //
-// results/cluster_placement_nvidia_h200.txt
+// results/batch_norm/cluster_placement_nvidia_h200.txt
 #include <cstdio>
 #include <vector>
 #include <set>

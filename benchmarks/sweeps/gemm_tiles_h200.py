@@ -8,7 +8,7 @@ multiprocessor and how a split k is summed (a second kernel, or the fixup: the l
 each column tile), at decode shapes, scored as % of a same-run copy of the weight's bytes (the
 weight read dominates), from GPU kernel times.
 
-    python benchmarks/gemm_tiles_h200.py [--kinds hopper,skinny] [--workers 14] [--rounds 3]
+    python benchmarks/sweeps/gemm_tiles_h200.py [--kinds hopper,skinny] [--workers 14] [--rounds 3]
         [--clear write|read] [--only REGEX] [--shapes MxNxK,...] [--out DIR]
 
 Writes `<out>/gemm_tiles_<device>.md`. Candidates that fail to build are listed with the error.
@@ -22,13 +22,17 @@ import datetime
 import multiprocessing
 import os
 import re
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
+
 import torch
-from batchnorm_gemm_h200 import bench, copy_moving, kernel_us
-from provenance import git_commit, write_markdown
+from _harness.copies import copy_moving
+from _harness.provenance import git_commit, results_dir, write_markdown
+from _harness.timing import bench, kernel_us
 
 SQUARE = [(4096, 4096, 4096), (8192, 8192, 8192)]
 SKINNY = [(1, 4096, 4096), (16, 4096, 4096), (64, 4096, 4096), (1, 8192, 8192), (64, 8192, 8192)]
@@ -197,7 +201,7 @@ def main() -> None:
         choices=("write", "read"),
         help="skinny: clear the L2 by writing or reading 256 MB before each call",
     )
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--out", default=str(results_dir("gemm")))
     args = parser.parse_args()
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",") if s]
     todo = [c for c in candidates(shapes) if c.kind in args.kinds.split(",")

@@ -6,18 +6,21 @@ with weight, bias and running stats; bfloat16). The first call compiles; profile
 
     ncu --clock-control none -k regex:main_kernel --launch-skip 2 --launch-count 2 \\
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \\
-        --section Occupancy python benchmarks/ncu_kernels.py ln_65536_wb
+        --section Occupancy python benchmarks/sweeps/ncu_kernels.py ln_65536_wb
 
-(results/ncu_norms_gemm_nvidia_h200.md)
+(results/norms/ncu_norms_gemm_nvidia_h200.md)
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
 
 import torch
-from norms_h200 import _op_setup
+from _harness.ops import row_op_setup
 
 OPS = {"ln": "layer_norm", "rms": "rms_norm", "softmax": "softmax"}
 
@@ -37,7 +40,7 @@ def call_of(case: str) -> Callable[[], torch.Tensor]:
         return lambda: op(a, b)
     n, params = int(rest[0]), rest[1]
     x = torch.randn(2**26 // n, n, device="cuda", dtype=torch.bfloat16)
-    op, args, *_ = _op_setup(OPS[kind], x)
+    op, args, *_ = row_op_setup(OPS[kind], x)
     kept = {"wb": 2, "w": 1, "none": 0}[params]
     args = (x, *args[1 : 1 + kept], *(None,) * (len(args) - 1 - kept))
     return lambda: op(*args)

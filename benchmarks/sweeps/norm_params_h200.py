@@ -4,7 +4,7 @@ blocks costs at 2^26), bfloat16, with weight and bias, weight only, and none, as
 same-run copy of x's bytes (read and write; the parameters' own bytes are not counted, so
 their cost shows).
 
-    python benchmarks/norm_params_h200.py [--sizes 65536,131072] [--elements 26,28]
+    python benchmarks/sweeps/norm_params_h200.py [--sizes 65536,131072] [--elements 26,28]
 
 Prints one line per problem size and row length.
 """
@@ -12,9 +12,14 @@ Prints one line per problem size and row length.
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
 
 import torch
-from batchnorm_gemm_h200 import bench, copy_gbps
+from _harness.copies import copy_gbps
+from _harness.timing import bench
 
 from tileops.ops import LayerNormFwdOp, RMSNormFwdOp
 

@@ -15,7 +15,7 @@ The `triton` layout sweeps the Triton programs (`tileops_triton.rows`): the whol
 block of 4 to 32 warps (bfloat16 rows also held as loaded, with capped registers), or
 looped over 512- to 8192-element chunks with 4 to 16 warps.
 
-    python benchmarks/row_plans_h200.py
+    python benchmarks/sweeps/row_plans_h200.py
         [--layouts cluster_row,block_row,smem_row,stream_row,triton]
         [--ops ...] [--dtypes bfloat16,float32] [--sizes 65536,131072,262144] [--workers 14]
         [--only REGEX] [--out DIR]
@@ -32,14 +32,18 @@ import datetime
 import multiprocessing
 import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
+
 import torch
-from batchnorm_gemm_h200 import bench
-from norms_h200 import DTYPES, ELEMENTS, EPS, _op_setup
-from provenance import git_commit
+from _harness.copies import copy_moving
+from _harness.ops import DTYPES, ELEMENTS, EPS, model_bytes, row_op_setup
+from _harness.provenance import git_commit, result_path, results_dir
+from _harness.timing import bench
 
 THREADS = (256, 512, 1024)
 CLUSTER_SIZES = (2, 4, 8, 16)
@@ -125,11 +129,11 @@ def build(layout: str, op: str, call: Any, plan: Any) -> Any:
 Job = tuple[str, str, str, int]  # layout, op, dtype, n
 
 
-def _setup(job: Job, rows_: int) -> tuple[Any, tuple, Any, Any]:
+def _setup(job: Job, rows_: int) -> tuple[tuple, Any, Any]:
     _, op, dtype, n = job
     x = torch.randn(rows_, n, device="cuda", dtype=DTYPES[dtype])
-    _, args, eager, _, call = _op_setup(op, x)
-    return args, eager, call, x
+    _, args, eager, _, call = row_op_setup(op, x)
+    return args, eager, call
 
 
 ONLY = os.environ.get("ROW_PLANS_ONLY", "")  # --only, seen by the spawned workers too
@@ -211,7 +215,7 @@ def triton_kernel(op: str, plan: Any) -> Callable[..., torch.Tensor]:
 
 def labels(job: Job) -> list[tuple[Job, str]]:
     """(job, label) for each of the job's candidates: the unit of the parallel prebuild."""
-    _, _, call, _ = _setup(job, 1)
+    _, _, call = _setup(job, 1)
     return [(job, label) for label, _ in candidates(job, call)]
 
 
@@ -219,7 +223,7 @@ def prebuild(job_label: tuple[Job, str]) -> str | None:
     """Compile one candidate (in a worker: fills TileLang's and Triton's disk caches; Triton
     compiles at a first launch, on one row). Returns its error, if it fails."""
     job, label = job_label
-    args, _, call, _ = _setup(job, 1)
+    args, _, call = _setup(job, 1)
     make = dict(candidates(job, call))[label]
     try:
         kernel = make()
@@ -232,11 +236,8 @@ def prebuild(job_label: tuple[Job, str]) -> str | None:
 
 def measure(job: Job, rounds: int) -> list[str]:
     layout, op, dtype, n = job
-    args, eager, call, x = _setup(job, ELEMENTS // n)
-    nbytes = (2 * x.numel() + sum(a.numel() for a in args[1:])) * x.element_size()
-    src = torch.empty(nbytes // 2, device="cuda", dtype=torch.uint8)
-    dst = torch.empty_like(src)
-    copy = bench(lambda: dst.copy_(src), rounds)
+    args, eager, call = _setup(job, ELEMENTS // n)
+    copy = bench(copy_moving(model_bytes(args)), rounds)
     want = eager(*args).float()
     lines = [f"\n## {layout}: {op} {dtype} N={n}\n", "| candidate | % copy | rel. error |",
              "|---|---|---|"]  # fmt: skip
@@ -262,7 +263,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 14))
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--only", default="", help="regex over candidate labels")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--out", default=str(results_dir("norms")))
     args = parser.parse_args()
     global ONLY
     ONLY = os.environ["ROW_PLANS_ONLY"] = args.only
@@ -280,9 +281,7 @@ def main() -> None:
              f"{datetime.date.today()}, commit {git_commit()}, torch "
              f"{torch.__version__}; M*N = 2^26, medians of do_bench (L2 cleared), best of "
              f"{args.rounds}; % of a same-run copy of the op's bytes."]  # fmt: skip
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"row_plans_{'_'.join(layouts)}_{device.replace(' ', '_').lower()}.md"
+    path = result_path(args.out, f"row_plans_{'_'.join(layouts)}", device, ".md")
     for job in todo:
         lines += measure(job, args.rounds)
         path.write_text("\n".join(lines) + "\n")  # after every case: a cut-off run keeps its rows

@@ -1,19 +1,25 @@
 """Variants of the fused Triton softmax against Liger-Kernel's, bfloat16, M*N = 2**26, % of a
 same-run copy: fp32 or native-dtype max (NATIVE), `.ca` or `evict_first` loads (CA), `.cs`
 stores (CS), two warp counts per n. The choices in tileops_triton (`.ca` loads, the softmax
-warps) are read off its table (results/triton_softmax_variants_nvidia_h200.txt).
+warps) are read off its table (results/norms/triton_softmax_variants_nvidia_h200.txt).
 
-    python benchmarks/triton_softmax_variants_h200.py > results/triton_softmax_variants_<device>.txt
+    python benchmarks/sweeps/triton_softmax_variants_h200.py \
+        > benchmarks/results/norms/triton_softmax_variants_<device>.txt
 """
 
 import datetime
 import itertools
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
 
 import torch
 import triton
 import triton.language as tl
-from batchnorm_gemm_h200 import bench, copy_gbps
-from provenance import git_commit
+from _harness.copies import copy_gbps
+from _harness.provenance import git_commit
+from _harness.timing import bench
 
 WARPS = {1024: (4, 8), 4096: (8, 16), 8192: (8, 16), 16384: (16, 32), 32768: (16, 32)}
 

@@ -6,7 +6,7 @@ as many written) and the fastest of a grid of Triton read-only kernels (every by
 XOR-folded), both as GPU kernel time after a 256 MB read clears the L2. Then, at the decode
 shapes, each kernel torch.matmul (cuBLAS) and tileops launch, with its time.
 
-    python benchmarks/weight_read_bound_h200.py [--out DIR]
+    python benchmarks/sweeps/weight_read_bound_h200.py [--out DIR]
 
 Writes `<out>/weight_read_bound_<device>.md`.
 """
@@ -16,13 +16,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import itertools
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
 
 import torch
 import triton
 import triton.language as tl
-from batchnorm_gemm_h200 import kernel_breakdown, kernel_us
-from provenance import git_commit, write_markdown
+from _harness.provenance import git_commit, results_dir, write_markdown
+from _harness.timing import kernel_breakdown, kernel_us
 
 SIZES_MB = (16, 32, 64, 128, 1024)
 DECODE = [(m, n, n) for n in (4096, 8192) for m in (1, 16, 64)]
@@ -80,7 +83,7 @@ def decode_kernels(shape: tuple[int, int, int]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--out", default=str(results_dir("gemm")))
     args = parser.parse_args()
     device = torch.cuda.get_device_name()
     lines = [f"# Weight read bound on {device}\n",
