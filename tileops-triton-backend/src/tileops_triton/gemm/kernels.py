@@ -2,7 +2,7 @@
 aside for tileops-cuda.
 
 It serves float16/bfloat16/float32 GEMMs of any shape on every CUDA arch Triton runs on
-(`declare.DEVICES`: and CPU under the interpreter), except the calls a tileops-cuda GEMM serves
+(`declare.DEVICES`; CPU too, under the interpreter), except the calls a tileops-cuda GEMM serves
 (16-bit on sm_80 .. sm_90), where its refusal defers (`declare.deferral`). Candidates:
 `configs.candidates`, tuned once per build identity by `compile.tuned`; program: `programs`,
 called through `launch`.

@@ -2,7 +2,7 @@
 calls they serve, and where they win over tileops-cuda.
 
 Every class serves float16/bfloat16/float32 calls of any n on every CUDA arch Triton runs on
-(`declare.DEVICES`: and CPU under the interpreter). Beside tileops-cuda it steps aside wherever
+(`declare.DEVICES`; CPU too, under the interpreter). Beside tileops-cuda it steps aside wherever
 a TileLang row kernel serves the call (`declare.deferral`), except inside its measured `faster`
 regions, where `preferred_over` makes it win. Launch plans: `plans.row_plan`; programs:
 `norm_programs`, `softmax_programs`, called through `launch`.
