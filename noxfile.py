@@ -90,7 +90,7 @@ def docs(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Dispatch-overhead benchmark (CPU); GPU kernel benchmarks run on the GPU machine."""
     _install_project(session)
-    session.run("python", "benchmarks/dispatch_overhead.py", *session.posargs)
+    session.run("python", "benchmarks/suites/dispatch_overhead.py", *session.posargs)
 
 
 @nox.session

@@ -2,7 +2,7 @@
 which compiles nothing): a held row keeps its bfloat16 values packed between its uses, so its
 program needs far fewer registers than the fused one that keeps float32 values. Were the second
 widening merged with the first (`x.to(tl.float32)` twice), the held programs would need about
-as many as the fused ones, and the plans' register caps (rows.HELD) would spill; the served
+as many as the fused ones, and the plans' register caps (plans.HELD) would spill; the served
 plans are compiled under their caps with the installed Triton.
 """
 
@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from tileops_triton.declare import INTERPRETING
-from tileops_triton.rows import HELD
+from tileops_triton.rows.plans import HELD
 
 pytestmark = pytest.mark.skipif(INTERPRETING, reason="compiles programs; the interpreter runs them")
 
@@ -27,17 +27,17 @@ FLAGS = {"BLOCK": BLOCK, "HAS_W": True, "HAS_B": True, "ROWS": 1, "CACHED": True
 def ptxas_usage(
     name: str, warps: int, maxnreg: int | None = None, block: int = BLOCK
 ) -> tuple[int, int]:
-    """(registers, spill-store bytes) of the row program `name` (in _norm_kernels or
-    _softmax_kernels) on bfloat16 rows of `block` for sm_90, as ptxas reports them, with the
+    """(registers, spill-store bytes) of the row program `name` (in norm_programs or
+    softmax_programs) on bfloat16 rows of `block` for sm_90, as ptxas reports them, with the
     pointers and n 16-aligned as the launcher's specialisation makes them."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.backends.nvidia.compiler import get_ptxas
     from triton.compiler import ASTSource
 
-    from tileops_triton import _norm_kernels, _softmax_kernels
+    from tileops_triton.rows import norm_programs, softmax_programs
 
-    module = _softmax_kernels if name.startswith("softmax") else _norm_kernels
+    module = softmax_programs if name.startswith("softmax") else norm_programs
     program = getattr(module, name)
     signature = {arg: TYPES.get(arg, "constexpr") for arg in program.arg_names}
     flags = {**FLAGS, "BLOCK": block}
@@ -73,7 +73,7 @@ def test_held_layer_norm_rows_fit_fewer_registers_without_spilling():
     "family,block", [(family, block) for family, plans in HELD.items() for block in plans]
 )
 def test_served_held_plans_fit_their_register_caps(family, block):
-    """The caps in rows.HELD were measured with one Triton; a compiler that needs more
+    """The caps in plans.HELD were measured with one Triton; a compiler that needs more
     registers under them spills, which costs more than the occupancy gains (a few values are
     tolerated)."""
     warps, maxnreg = HELD[family][block]

@@ -15,14 +15,14 @@ from triton_kit import TOLERANCE, interpreted, rel_error
 from tileops.ops import GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
 from tileops_triton import compile
 from tileops_triton.declare import INTERPRETING
-from tileops_triton.gemm import GemmConfig, candidates, gemm
-from tileops_triton.norms import layer_norm, rms_norm
-from tileops_triton.rows import RowPlan
-from tileops_triton.softmax import softmax
+from tileops_triton.gemm.configs import GemmConfig, candidates
+from tileops_triton.gemm.launch import gemm
+from tileops_triton.rows.launch import layer_norm, rms_norm, softmax
+from tileops_triton.rows.plans import RowPlan
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 GPU_DTYPES = (torch.bfloat16, torch.float32)  # float16 takes bfloat16's paths; compiles cost
-# 3000: float32 RMSNorm loops over two masked 2048-element slices (rows.FLOAT32_LOOPED); 9000: a
+# 3000: float32 RMSNorm loops over two masked 2048-element slices (plans.FLOAT32_LOOPED); 9000: a
 # masked 16384-wide block
 ROWS = [(1, 1), (3, 7), (5, 64), (4, 1000), (2, 3000), (2, 9000)]
 compiled = pytest.mark.skipif(INTERPRETING, reason="GPU tests run compiled, not interpreted")
@@ -99,10 +99,10 @@ def test_both_program_shapes_match_torch(plan, dtype) -> None:
 def test_held_norm_rows_match_torch(monkeypatch, dtype, offset) -> None:
     """RowPlan.held: the row kept as loaded, widened per use (an integer shift for bfloat16),
     LayerNorm's one-pass sums shifted by the row's first element (rows far from 0)."""
-    from tileops_triton import _norm_kernels
+    from tileops_triton.rows import norm_programs
 
     for fused in ("layer_norm_fused", "rms_norm_fused"):  # a held plan runs the held programs
-        monkeypatch.setattr(_norm_kernels, fused, None)
+        monkeypatch.setattr(norm_programs, fused, None)
     plan = RowPlan(True, 64, 1, 1, held=True, maxnreg=32)
     rows, n = 5, 50
     x = inputs((rows, n), dtype, "cpu", offset=offset)
@@ -123,9 +123,9 @@ def test_held_norm_rows_match_torch(monkeypatch, dtype, offset) -> None:
 def test_held_softmax_rows_match_torch(monkeypatch, dtype, n) -> None:
     """The held softmax: each lane's vector reduced in place, the (max, sum) pairs merged in
     one reduction; rows far from 0 and rows with -inf (masked logits) among their values."""
-    from tileops_triton import _softmax_kernels
+    from tileops_triton.rows import softmax_programs
 
-    monkeypatch.setattr(_softmax_kernels, "softmax_fused", None)  # the held program runs
+    monkeypatch.setattr(softmax_programs, "softmax_fused", None)  # the held program runs
     plan = RowPlan(True, 64, 1, 1, held=True)
     x = inputs((4, n), dtype, "cpu", offset=100.0)
     x[1, 1::3] = -float("inf")

@@ -21,8 +21,8 @@ from tileops.ops import (
     SoftmaxFwdOp,
 )
 from tileops.testing import simulate_device
-from tileops_triton import norms
 from tileops_triton.declare import CUDA_GEMM_KEYS, CUDA_ROW_KEYS, FasterRegion
+from tileops_triton.rows.kernels import TritonLayerNorm
 
 H200 = {"arch": 90, "sm_count": 132, "calibration": "NVIDIA H200", "smem_budget": 232448}
 T4 = {"arch": 75, "sm_count": 40, "calibration": "Tesla T4", "smem_budget": 65536}
@@ -143,7 +143,7 @@ def test_beside_tileops_cuda_triton_keeps_gemm(with_cuda_stand_ins) -> None:
 
 def test_a_measured_region_makes_triton_win_on_the_h200_only(with_cuda_stand_ins, monkeypatch):
     region = FasterRegion(torch.bfloat16, 2048, 4096)
-    monkeypatch.setattr(norms, "LAYER_NORM_FASTER", (region,))
+    monkeypatch.setattr(TritonLayerNorm, "faster", (region,))
     op = LayerNormFwdOp(8)
     inside, outside = (row_calls(n, torch.bfloat16)[LayerNormFwdOp] for n in (3000, 8192))
     with simulate_device(CUDA, **H200):
@@ -202,7 +202,7 @@ def test_cpu_is_served_only_under_the_interpreter(triton_alone) -> None:
 def test_row_plan_fuses_rows_up_to_32k_with_the_measured_warps() -> None:
     """The H200 sweep's launch table: a whole 32K row in one 32-warp program, longer rows
     looped; at 16K RMSNorm takes 8 warps (read evict_first) and softmax 32, at 8K softmax 16."""
-    from tileops_triton.rows import LOOP_CHUNK, RowPlan, row_plan
+    from tileops_triton.rows.plans import LOOP_CHUNK, RowPlan, row_plan
 
     f32, f16 = torch.float32, torch.float16
     assert row_plan(32768, "softmax", f16) == RowPlan(True, 32768, 1, 32)
@@ -230,9 +230,9 @@ def test_row_plan_fuses_rows_up_to_32k_with_the_measured_warps() -> None:
      ("softmax", 32768, 32, 32)],
 )  # fmt: skip
 def test_bfloat16_rows_are_held_with_capped_registers_where_measured(family, n, warps, maxnreg):
-    """Measured on the H200 (rows.py's table): norms at 16K and 32K (RMSNorm from 4K), softmax
+    """Measured on the H200 (rows/TUNING.md): norms at 16K and 32K (RMSNorm from 4K), softmax
     at 32K; other dtypes, shorter rows and softmax's 16K are not held."""
-    from tileops_triton.rows import RowPlan, row_plan
+    from tileops_triton.rows.plans import RowPlan, row_plan
 
     plan = row_plan(n, family, torch.bfloat16)
     assert (plan.held, plan.rows, plan.warps, plan.maxnreg) == (True, 1, warps, maxnreg)

@@ -17,20 +17,21 @@ from tileops.ops import (
     SoftmaxFwdOp,
     SoftmaxInterface,
 )
-from tileops_triton import gemm, norms, softmax
 from tileops_triton.declare import INTERPRETING
+from tileops_triton.gemm import kernels as gemm
+from tileops_triton.rows import kernels as rows
 
 TRITON = {
-    LayerNormFwdOp: (norms.LAYER_NORM_KEY, norms.TritonLayerNorm),
-    RMSNormFwdOp: (norms.RMS_NORM_KEY, norms.TritonRMSNorm),
-    SoftmaxFwdOp: (softmax.KEY, softmax.TritonSoftmax),
-    GemmOp: (gemm.KEY, gemm.TritonGemm),
+    LayerNormFwdOp: (rows.LAYER_NORM_KEY, rows.TritonLayerNorm),
+    RMSNormFwdOp: (rows.RMS_NORM_KEY, rows.TritonRMSNorm),
+    SoftmaxFwdOp: (rows.SOFTMAX_KEY, rows.TritonSoftmax),
+    GemmOp: (gemm.GEMM_KEY, gemm.TritonGemm),
 }
 
 FASTER = {
-    LayerNormFwdOp: norms.LAYER_NORM_FASTER,
-    RMSNormFwdOp: norms.RMS_NORM_FASTER,
-    SoftmaxFwdOp: softmax.FASTER,
+    LayerNormFwdOp: rows.LAYER_NORM_FASTER,
+    RMSNormFwdOp: rows.RMS_NORM_FASTER,
+    SoftmaxFwdOp: rows.SOFTMAX_FASTER,
 }
 
 

@@ -85,18 +85,18 @@ SPLIT_THREADS = 256
 # The fallback streams a whole channel through one block: the most loads in flight per SM.
 TILED_THREADS = 512
 # smem_channel: a channel in one block's shared memory, as smem_row holds a row. Even alone on
-# its SM (200 KB) it beat streaming the channel twice on the H200 (results/bn_layouts and
+# its SM (200 KB) it beat streaming the channel twice on the H200 (results/batch_norm/bn_layouts and
 # batchnorm_gemm, 2026-11-29, % of copy on three passes' bytes): 68 against tiled's 61 at
 # 32x256x56x56 bf16, 67 against 51 at 32x128x56x56; two or three per SM, 53-78 against 38-65.
 SMEM_CHANNEL_THREADS = 512
 # Clusters of 16 blocks of 100 KB run 14 at a time on the H200 (224 of its 264 slots: a cluster
 # stays in one GPC), 8 blocks 30 (240), 2 blocks every slot
-# (benchmarks/results/cluster_placement_nvidia_h200.txt). Where the channel takes 16 parts of
+# (results/batch_norm/cluster_placement_nvidia_h200.txt). Where the channel takes 16 parts of
 # more than CLUSTER_SLICE_BYTES (two blocks per SM), plain blocks of 1024 threads meeting in L2
 # (group_channel) beat the cluster (kernel times, bf16, same run: 328 against 365 us at
 # 256x256x3136, 171 / 189 at 256x128x3136, 91 / 99 at 256x64x3136); with parts of up to 64 KB
 # the cluster won (42 against 48-62 us at 32x64x12544; 2-8 parts: by 1-30%, the wait for parts
-# that start later; results/bn_parts_nvidia_h200.md).
+# that start later; results/batch_norm/bn_parts_nvidia_h200.md).
 GROUP_CHANNEL_PARTS = 16
 GROUP_CHANNEL_THREADS = 1024
 # block_channel: one block of BLOCK_LANES threads (fewer for short channels) holds the channel
@@ -105,7 +105,7 @@ GROUP_CHANNEL_THREADS = 1024
 # two. Measured against the earlier rule (up to 1024 lanes of 16 values, in registers), kernel
 # times, bf16: 7.4 against 9.5 us at 32x512x196, 5.6 / 5.7 at 32x256x196, 5.3 / 5.5 at
 # 32x512x49; shared memory 17.4 against 27.0 us at 256x512x49, 67.4 / 99.8 at 256x2048x49
-# (registers and 512 lanes: 20.1, 76.4; results/bn_parts_nvidia_h200.md).
+# (registers and 512 lanes: 20.1, 76.4; results/batch_norm/bn_parts_nvidia_h200.md).
 BLOCK_LANES = 256
 SHORT_CHANNEL_VALUES = 1024  # held by 4 warps instead
 BLOCK_LANE_VALUES = 32
@@ -325,7 +325,7 @@ class BatchNormClusterChannel(_Train):
     holds the channel: on the H200 (bf16, % of copy on three passes' bytes, same run) 61 against
     split's 35 at 32x64x3136, 89-104 against 53-76 at 256x{128,256,512}x784, 72-80 against
     61-69 at 256x{64,128,256}x3136, 80 and 77 against smem_channel's 67 and 68 at 256x512x196
-    and 32x256x3136, 60 against 62 at 32x128x784 (results/bn_layouts_nvidia_h200.md)."""
+    and 32x256x3136, 60 against 62 at 32x128x784 (results/batch_norm/bn_layouts_nvidia_h200.md)."""
 
     layout = "cluster_channel"
     supported_archs = CLUSTER_ARCHS

@@ -20,8 +20,8 @@ in its m bucket (16, 32 or 64: its row tile; m = 1 apart, for its fixup) and the
 which follows from n, k and the device.
 
 Tile rules are rules over the device facts; their constants come from the H200 sweeps of
-benchmarks/gemm_tiles_h200.py (results/gemm_tiles_hopper_skinny_nvidia_h200.md, and
-results/gemm_tiles_skinny_nvidia_h200.md for the TMA copies).
+benchmarks/sweeps/gemm_tiles_h200.py (results/gemm/gemm_tiles_hopper_skinny_nvidia_h200.md, and
+results/gemm/gemm_tiles_skinny_nvidia_h200.md for the TMA copies).
 """
 
 from __future__ import annotations
@@ -58,11 +58,11 @@ SWIZZLE_PANEL = 8
 # TMA copies at m = 1, 16, 64 and n = k = 4096, 8192 (57% of copy at m = 1, n = k = 4096,
 # against 55% for the earlier 4 blocks of 64 x 128). Deeper pipelines than the shared-memory
 # rule's (6, 8, 12 stages) were no faster at any decode shape and up to 20% slower at m = 64
-# (results/gemm_tiles_persistent_stages_nvidia_h200.md). From kernel times after a read-only L2
+# (results/gemm/gemm_tiles_persistent_stages_nvidia_h200.md). From kernel times after a read-only L2
 # clearing the rule reaches 72-73% of copy at m = 1 and 16 (n = k = 4096) and 97% at m = 1
 # (8192); no alternative beat it: summing the splits in a cluster (57% at m = 1, 4096), 256
 # threads (67%), TMA copies with wgmma (53-64%), or a CUDA-core GEMV for m <= 8 (71% at m = 1,
-# commit b13531a) (results/gemm_tiles_skinny_split_sum_*, gemm_tiles_skinny_threads_clean_l2_*,
+# commit b13531a) (results/gemm/gemm_tiles_skinny_split_sum_*, gemm_tiles_skinny_threads_clean_l2_*,
 # gemm_tiles_skinny_wgmma_clean_l2_*, gemm_tiles_gemv_*).
 SKINNY_BLOCKS_PER_SM = 1
 MIN_K_TILES_PER_SPLIT = 4
@@ -113,7 +113,7 @@ class Tile:
 # though the C tile costs 128 x 256 a pipeline stage (3 left). A persistent grid (one block per
 # multiprocessor walking the tiles under T.Persistent, the epilogue under the next tile's
 # loads) measured slower with every tile: 0.86x against 0.92x at 4096^3, 0.94x against 1.00x
-# at 8192^3 (results/gemm_tiles_persistent_stages_nvidia_h200.md, the option of commit 169676c).
+# at 8192^3 (results/gemm/gemm_tiles_persistent_stages_nvidia_h200.md, option of commit 169676c).
 HOPPER_TILES = (
     Tile(128, 256, 64, 256, policy="FullRow", smem_epilogue=True),
     Tile(128, 128, 64, 256, policy="FullRow", smem_epilogue=True),
@@ -131,7 +131,7 @@ SKINNY_BLOCK_N, SKINNY_BLOCK_K, SKINNY_THREADS = 64, 64, 128
 # Below it TMA's out-of-bounds rows of A cost too much (the kernel on 16 rows: 17.0 us, on the
 # same rows zero-padded to 64: 10.9): at m = 33 it trails at 8192x8192 (76.3 against 87.7),
 # and the 32-column tile trails the 64 at m = 48 (56.5 against 69.5), so none is used.
-# (results/gemm_tiles_hopper_skinny_clean_l2_nvidia_h200.md)
+# (results/gemm/gemm_tiles_hopper_skinny_clean_l2_nvidia_h200.md)
 DECODE_HOPPER_M = 48
 DECODE_BLOCK_NS = (64, 128)
 DECODE_BLOCK_K = 128

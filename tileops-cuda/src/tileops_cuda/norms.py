@@ -76,7 +76,7 @@ class LayerNormClusterRow(ClusterRow, _LayerNorm):
     @classmethod
     def cluster_threads(cls, dtype: torch.dtype) -> int:
         # 16-bit rows: 256 threads beat 512 by about 8 points of copy bandwidth at 64K-256K
-        # elements on the H200 (results/row_plans_cluster_row_nvidia_h200.md); float32: even.
+        # elements on the H200 (results/norms/row_plans_cluster_row_nvidia_h200.md); float32: even.
         return 256 if ITEMSIZE[dtype] == 2 else CLUSTER_THREADS
 
 

@@ -21,7 +21,7 @@ blocks share a multiprocessor (one loads while another reduces). Blocks exchange
 statistics through a small global workspace across a cluster barrier. On 32-bit LayerNorm and
 RMSNorm rows of up to 256 KB each block's slice arrives by one TMA transfer (RowPlan.bulk).
 
-Where layouts could overlap, the H200 decided (benchmarks/results/norms_nvidia_h200.md and
+Where layouts could overlap, the H200 decided (benchmarks/results/norms/norms_nvidia_h200.md and
 the row_plans_*_nvidia_h200.md sweeps, which also set the plans' thread counts). 32-bit rows
 stay in registers up to 32768 elements: their smem_row blocks (over 64 KB) would hold an SM
 alone, and registers measured 4 points of copy faster there (LayerNorm 91 against 88, softmax

@@ -1,7 +1,8 @@
 """Triton kernels for tileops, and a triton target.
 
-Importing this module registers its kernels; it must not import triton (compile lazily): the
-Triton programs live in the `_*_kernels` modules, which the launchers import on first use.
+Importing this module registers its kernels; it must not import triton (compile lazily): each
+family package (`rows`, `gemm`) keeps its Triton programs in `programs` modules, which its
+launchers import on first use.
 """
 
 from __future__ import annotations
@@ -16,8 +17,17 @@ from tileops.backend import (
 )
 from tileops.ops import GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
 
-from . import gemm, norms, softmax, target
+from . import target
 from .declare import DEVICES
+from .gemm.kernels import GEMM_KEY, TritonGemm
+from .rows.kernels import (
+    LAYER_NORM_KEY,
+    RMS_NORM_KEY,
+    SOFTMAX_KEY,
+    TritonLayerNorm,
+    TritonRMSNorm,
+    TritonSoftmax,
+)
 
 TILEOPS_PROTOCOL = 1
 
@@ -31,10 +41,10 @@ def tileops_backend_info() -> dict:
     }
 
 
-register_kernel_type(LayerNormFwdOp, norms.LAYER_NORM_KEY, norms.TritonLayerNorm)
-register_kernel_type(RMSNormFwdOp, norms.RMS_NORM_KEY, norms.TritonRMSNorm)
-register_kernel_type(SoftmaxFwdOp, softmax.KEY, softmax.TritonSoftmax)
-register_kernel_type(GemmOp, gemm.KEY, gemm.TritonGemm)
+register_kernel_type(LayerNormFwdOp, LAYER_NORM_KEY, TritonLayerNorm)
+register_kernel_type(RMSNormFwdOp, RMS_NORM_KEY, TritonRMSNorm)
+register_kernel_type(SoftmaxFwdOp, SOFTMAX_KEY, TritonSoftmax)
+register_kernel_type(GemmOp, GEMM_KEY, TritonGemm)
 
 register_detector(target=target.NAME, detect=target.claims_device)
 register_kernel_builder(op=LayerNormFwdOp, target=target.NAME, build_kernel=target.build_layer_norm)

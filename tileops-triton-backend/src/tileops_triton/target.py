@@ -20,9 +20,8 @@ from tileops.ops import GemmCall, LayerNormCall, RMSNormCall, SoftmaxCall
 from tileops.ops.norm.rms_norm import DEFAULT_EPS
 
 from .declare import DEVICES, INTERPRETING, dtype_refusal
-from .gemm import TritonGemm
-from .norms import TritonLayerNorm, TritonRMSNorm
-from .softmax import TritonSoftmax
+from .gemm.kernels import TritonGemm
+from .rows.kernels import TritonLayerNorm, TritonRMSNorm, TritonSoftmax
 
 NAME = "triton"
 

@@ -1,0 +1,103 @@
+"""GPU timing: medians of `triton.testing.do_bench` (the L2 cleared per repetition), back-to-back
+loops, CUDA-graph replays, and GPU kernel times from the profiler."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def bench(fn: Callable[[], Any], rounds: int) -> float:
+    """Milliseconds: the best of `rounds` medians of do_bench (L2 cleared per repetition)."""
+    from triton.testing import do_bench
+
+    return min(do_bench(fn, return_mode="median") for _ in range(rounds))
+
+
+def bench_all(contenders: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
+    """Milliseconds per contender: the best of `rounds` medians, the rounds interleaved across
+    contenders, so a transient slowdown (compile workers still busy after torch.compile's first
+    call, clocks settling) cannot land on one contender's rounds only."""
+    from triton.testing import do_bench
+
+    best = dict.fromkeys(contenders, float("inf"))
+    for _ in range(rounds):
+        for name, fn in contenders.items():
+            best[name] = min(best[name], do_bench(fn, return_mode="median"))
+    return best
+
+
+def loop_us(fn: Callable[[], Any], calls: int = 200) -> float:
+    """Microseconds per call of `calls` back-to-back calls, L2 warm: whichever of the host's
+    launch path and the GPU is slower, as in a model's layer loop."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def graphed(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """`fn` captured in a CUDA graph, its replay: the GPU's time without the host's launch
+    path, as under CUDA graphs or torch.compile's reduce-overhead mode."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def kernel_us(fn: Callable[[], Any], calls: int = 30, clear: str = "write") -> float:
+    """Median microseconds of GPU kernel time per call of `fn` (every kernel it launches), the
+    L2 cleared before each call by writing (`clear` "write") or reading ("read") a 256 MB
+    buffer; from torch.profiler's device-side durations."""
+    per_call = _kernels_per_call(fn, calls, clear)
+    return statistics.median(sum(e.time_range.elapsed_us() for e in call) for call in per_call)
+
+
+def kernel_breakdown(fn: Callable[[], Any], calls: int = 30, clear: str = "read") -> list:
+    """(name, median us) of each kernel one call of `fn` launches, in launch order."""
+    per_call = _kernels_per_call(fn, calls, clear)
+    return [
+        (call_events[0].name, statistics.median(e.time_range.elapsed_us() for e in call_events))
+        for call_events in zip(*per_call, strict=True)
+    ]
+
+
+def _kernels_per_call(fn: Callable[[], Any], calls: int, clear: str) -> list[list]:
+    """Each call's device kernels in launch order, the L2 cleared before each call."""
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.int8, device="cuda")
+    clear_l2 = flush.zero_ if clear == "write" else lambda: flush.max()
+    clearing = {e.name for e in _device_kernels(clear_l2, 1)}
+    fn()
+    torch.cuda.synchronize()
+    kernels = [e for e in _device_kernels(fn, calls, clear_l2) if e.name not in clearing]
+    if len(kernels) % calls:
+        raise RuntimeError(f"{len(kernels)} kernels over {calls} calls: cannot split them")
+    each = len(kernels) // calls
+    ordered = sorted(kernels, key=lambda e: e.time_range.start)
+    return [ordered[i : i + each] for i in range(0, len(ordered), each)]
+
+
+def _device_kernels(fn: Callable[[], Any], calls: int, before: Callable[[], Any] | None = None):
+    """The device kernels of `calls` calls of `fn`, each after `before` and a synchronize."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        for _ in range(calls):
+            if before is not None:
+                before()
+                torch.cuda.synchronize()  # each call's kernels after its own clearing
+            fn()
+        torch.cuda.synchronize()
+    return [e for e in trace.events() if e.device_type == torch.autograd.DeviceType.CUDA]
