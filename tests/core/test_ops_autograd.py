@@ -98,3 +98,19 @@ def test_running_stats_are_updated_outside_autograd():
     expected_mean, _ = _stats(torch.float32)
     F.batch_norm(x.detach(), expected_mean, torch.ones(C), training=True)
     torch.testing.assert_close(mean, expected_mean)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_16_bit_gradients_on_the_meta_device(name):
+    """The recompute runs the op's torch definition on meta tensors too (tracing, fake runs)."""
+    ours, _, inputs = CASES[name](torch.bfloat16)
+    leaves = tuple(t.to("meta").requires_grad_() for t in inputs)
+    if name.startswith("batch_norm"):
+        meta_stats = [t.to("meta") for t in _stats(torch.bfloat16)]
+        op = BatchNormFwdOp(C, training=name.endswith("train"))
+        out = op(*leaves, *meta_stats)
+    else:
+        out = ours(*leaves)
+    grads = torch.autograd.grad(out.sum(), leaves)
+    for g, t in zip(grads, leaves, strict=True):
+        assert (g.device.type, g.dtype, g.shape) == ("meta", t.dtype, t.shape)

@@ -108,7 +108,10 @@ def float32(t: torch.Tensor | None) -> torch.Tensor | None:
 def upcasts(x: torch.Tensor) -> bool:
     """Whether an op's torch definition computes 16-bit `x` in float32 itself: yes, unless
     autocast is on for x's device, which then decides the dtype as for the torch counterpart."""
-    return x.dtype in HALF_DTYPES and not torch.is_autocast_enabled(x.device.type)
+    if x.dtype not in HALF_DTYPES:
+        return False
+    device = x.device.type  # "meta" has no autocast
+    return not (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device))
 
 
 def param_dtype(*params: torch.Tensor | None) -> torch.dtype | None:
