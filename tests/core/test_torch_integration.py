@@ -211,6 +211,78 @@ def test_a_backend_can_register_a_backward_kernel(tileops_registry):
     torch.testing.assert_close(a.grad, 2 * torch.ones(2, 4) @ b.T)
 
 
+def _gemm_backward(differentiable: bool, seen: list) -> type:
+    """A GEMM backward kernel for a; detached (numpy-like) unless it declares differentiable."""
+    from tileops.ops import BackwardInterface
+
+    class GemmBackward(Kernel, BackwardInterface):
+        devices = {"cpu"}
+
+        def forward(self, grads, inputs):
+            seen.append(self.differentiable)
+            grad_a = grads[0] @ inputs[1].T
+            return (grad_a if self.differentiable else grad_a.detach(), None)
+
+    GemmBackward.differentiable = differentiable
+    return GemmBackward
+
+
+def _second_derivative_of_gemm(op):
+    """d/da of sum(d/da sum((a @ b)**2)): torch's value, and ours through `op`."""
+    a, b = randn(2, 3, dtype=torch.float64), randn(3, 4, dtype=torch.float64)
+    values = []
+    for fn in (op, torch.mm):
+        leaf = a.clone().requires_grad_()
+        (g,) = torch.autograd.grad(fn(leaf, b).pow(2).sum(), leaf, create_graph=True)
+        values.append(torch.autograd.grad(g.sum(), leaf)[0])
+    return values
+
+
+def test_a_backward_kernel_that_is_not_differentiable_refuses_double_backward(tileops_registry):
+    from tileops.ops import BackwardCall
+
+    seen = []
+    register_kernel_type(tileops.GemmOp, "detached_backward", _gemm_backward(False, seen))
+    op = tileops.GemmOp()
+    got, want = _second_derivative_of_gemm(op)
+    torch.testing.assert_close(got, want)
+    assert seen == [False]  # the reference served the create_graph backward, this the next one
+    call = BackwardCall(
+        device=torch.device("cpu"),
+        op=op.op_name,
+        params=(),
+        dtypes=(torch.float64, torch.float64),
+        needs=(True, False),
+        create_graph=True,
+    )
+    explanation = op.explain("backward", call)
+    assert explanation.chosen == "reference_backward"
+    assert explanation.verdict("detached_backward") == "refused"
+    assert "runs under create_graph (double backward), and the kernel does not declare " in str(
+        explanation
+    )
+    with tileops.pinned(tileops.GemmOp, "backward", "detached_backward"):
+        with pytest.raises(tileops.NoImplementationError, match="differentiable = True"):
+            _second_derivative_of_gemm(op)
+
+
+def test_a_differentiable_backward_kernel_serves_double_backward(tileops_registry):
+    seen = []
+    register_kernel_type(tileops.GemmOp, "graph_backward", _gemm_backward(True, seen))
+    got, want = _second_derivative_of_gemm(tileops.GemmOp())
+    torch.testing.assert_close(got, want)
+    assert seen == [True, True]  # the create_graph backward, then the first-order one
+
+
+def test_differentiable_must_be_a_bool():
+    from tileops.ops import BackwardInterface
+
+    with pytest.raises(tileops.KernelDeclarationError, match="differentiable must be True or"):
+
+        class Sloppy(Kernel, BackwardInterface):
+            differentiable = "yes"
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", ["rms_norm", "layer_norm"])
 def test_mixed_precision_norms_match_torch(name, dtype):

@@ -19,7 +19,7 @@ import torch
 
 from .backend.registry import REGISTRY
 from .backward import backward_of
-from .errors import OpDefinitionError
+from .errors import OpDefinitionError, OpInputError
 from .table import ENTRY_LIMIT, remember
 
 if TYPE_CHECKING:
@@ -143,9 +143,22 @@ def _fake_impl(op_cls: type[Op]) -> Any:
     return fake
 
 
+def _refuse_gradients_it_lacks(op: Op, tensors: tuple) -> None:
+    """Under autograd, inputs the op has no gradient for (written ones, running stats) must not
+    require grad: torch's ops refuse them at the call, and a backward could not serve them."""
+    for spec, t in zip(op.signature.inputs, tensors, strict=True):
+        if t is not None and t.requires_grad and (spec.written or not spec.differentiable):
+            raise OpInputError(
+                f"{type(op).op_name}(): argument {spec.name!r} requires grad, but the op has no "
+                f"gradient for it{' (it writes it in place)' if spec.written else ''}; pass it "
+                "with requires_grad=False (detach it)"
+            )
+
+
 def _setup_context(op_cls: type[Op]) -> Any:
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
         tensors, params, target = _split(op_cls, inputs)
+        _refuse_gradients_it_lacks(instance(op_cls, params, target), tensors)
         ctx.save_for_backward(*tensors)
         ctx.params, ctx.target = params, target
 
@@ -166,6 +179,8 @@ def _backward(op_cls: type[Op]) -> Any:
 def _mutating_autograd(op_cls: type[Op]) -> Any:
     def autograd(*args: Any) -> Any:
         tensors, params, target = _split(op_cls, args)
+        if torch.is_grad_enabled():
+            _refuse_gradients_it_lacks(instance(op_cls, params, target), tensors)
         return _MutatingOp.apply(op_cls, params, target, *tensors)
 
     return autograd

@@ -181,12 +181,21 @@ class BatchNormInferReference(ReferenceKernel, BatchNormInferInterface):
 
 def _signature(training: bool) -> Signature:
     """x of shape [batch, num_features, ...]; per-channel params of x's dtype, or float32
-    beside 16-bit x (autocast keeps them float32); stats written in training."""
+    beside 16-bit x (autocast keeps them float32); stats written in training, and never
+    differentiated (F.batch_norm refuses running stats that require grad)."""
     per_channel, dtypes = ("num_features",), (f"{WIDENED}x",)
     inputs = [Input("x", ("batch", "num_features", BATCH))]
     inputs += [Input(n, per_channel, dtypes=dtypes, optional=True) for n in ("weight", "bias")]
     inputs += [
-        Input(n, per_channel, dtypes=dtypes, optional=True, written=training, contiguous=training)
+        Input(
+            n,
+            per_channel,
+            dtypes=dtypes,
+            optional=True,
+            written=training,
+            contiguous=training,
+            differentiable=False,
+        )
         for n in STATS
     ]
     params = {"num_features": "int", "eps": "float", "momentum": "float", "training": "bool"}
