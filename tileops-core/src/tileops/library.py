@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .autocast import castable
 from .backend.registry import REGISTRY
 from .backward import backward_of
-from .errors import OpDefinitionError, OpInputError
+from .errors import OpDefinitionError, OpInputError, add_note
 from .table import ENTRY_LIMIT, remember
 
 if TYPE_CHECKING:
@@ -207,23 +208,44 @@ class _MutatingOp(torch.autograd.Function):
 
 
 def _autocast_impl(op_cls: type[Op], device_type: str) -> Any:
-    """Cast as the op's torch counterpart is cast under autocast, then run without autocast."""
+    """Cast as the op's torch counterpart is cast under autocast, then run without autocast.
+    The op's checks ran before (Op.__call__): the probe sees only calls they accept."""
 
     def autocast(*args: Any) -> Any:
         tensors, params, target = _split(op_cls, args)
+        specs = op_cls.signature.inputs
         dtype = instance(op_cls, params, target).autocast_dtype(device_type, tensors)
         if dtype is not None:
-            tensors = tuple(
-                _cast(t, dtype, spec)
-                for t, spec in zip(tensors, op_cls.signature.inputs, strict=True)
-            )
-        with torch.autocast(device_type, enabled=False):
-            return operator(op_cls)(*tensors, *params.values(), target)
+            tensors = tuple(_cast(t, dtype, spec) for t, spec in zip(tensors, specs, strict=True))
+        try:
+            with torch.autocast(device_type, enabled=False):
+                return operator(op_cls)(*tensors, *params.values(), target)
+        except OpInputError as exc:  # a dtype agreement the cast did not settle
+            _note_casts(exc, device_type, specs, args, tensors)
+            raise
 
     return autocast
 
 
 def _cast(t: torch.Tensor | None, dtype: torch.dtype, spec: Any) -> torch.Tensor | None:
-    if t is None or spec.written or not t.is_floating_point() or t.dtype == dtype:
+    if t is None or t.dtype == dtype or not castable(t, spec):
         return t
     return t.to(dtype)
+
+
+def _note_casts(exc: Exception, device_type: str, specs: Any, given: tuple, cast: tuple) -> None:
+    changed = [
+        f"{spec.name!r} from {_name(t.dtype)} to {_name(c.dtype)}"
+        for spec, t, c in zip(specs, given, cast, strict=False)
+        if t is not None and c is not t
+    ]
+    if changed:
+        add_note(
+            exc,
+            f"under torch.autocast({device_type!r}) the op cast {', '.join(changed)}, as autocast "
+            "casts its torch counterpart's inputs",
+        )
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
