@@ -209,19 +209,21 @@ class _MutatingOp(torch.autograd.Function):
 
 def _autocast_impl(op_cls: type[Op], device_type: str) -> Any:
     """Cast as the op's torch counterpart is cast under autocast, then run without autocast.
-    The op's checks ran before (Op.__call__): the probe sees only calls they accept."""
+    `Op.__call__` ran the op's checks before (`Op.check_uncast`): the probe sees calls they
+    accept, and the checks after the cast judge only what the cast changed."""
 
     def autocast(*args: Any) -> Any:
-        tensors, params, target = _split(op_cls, args)
+        given, params, target = _split(op_cls, args)
         specs = op_cls.signature.inputs
-        dtype = instance(op_cls, params, target).autocast_dtype(device_type, tensors)
+        tensors = given
+        dtype = instance(op_cls, params, target).autocast_dtype(device_type, given)
         if dtype is not None:
-            tensors = tuple(_cast(t, dtype, spec) for t, spec in zip(tensors, specs, strict=True))
+            tensors = tuple(_cast(t, dtype, spec) for t, spec in zip(given, specs, strict=True))
         try:
             with torch.autocast(device_type, enabled=False):
                 return operator(op_cls)(*tensors, *params.values(), target)
         except OpInputError as exc:  # a dtype agreement the cast did not settle
-            _note_casts(exc, device_type, specs, args, tensors)
+            _note_casts(exc, device_type, specs, given, tensors)
             raise
 
     return autocast
@@ -236,7 +238,7 @@ def _cast(t: torch.Tensor | None, dtype: torch.dtype, spec: Any) -> torch.Tensor
 def _note_casts(exc: Exception, device_type: str, specs: Any, given: tuple, cast: tuple) -> None:
     changed = [
         f"{spec.name!r} from {_name(t.dtype)} to {_name(c.dtype)}"
-        for spec, t, c in zip(specs, given, cast, strict=False)
+        for spec, t, c in zip(specs, given, cast, strict=True)
         if t is not None and c is not t
     ]
     if changed:
