@@ -9,7 +9,15 @@ import torch
 import torch.nn.functional as F
 from op_helpers import randn
 
-from tileops import BatchNormFwdOp, GemmOp, LayerNormFwdOp, Op, RMSNormFwdOp, SoftmaxFwdOp
+from tileops import (
+    BatchNormFwdOp,
+    GemmOp,
+    LayerNormFwdOp,
+    Op,
+    OpInputError,
+    RMSNormFwdOp,
+    SoftmaxFwdOp,
+)
 
 C = 3
 
@@ -98,3 +106,92 @@ def test_running_stats_are_updated_outside_autograd():
     expected_mean, _ = _stats(torch.float32)
     F.batch_norm(x.detach(), expected_mean, torch.ones(C), training=True)
     torch.testing.assert_close(mean, expected_mean)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_16_bit_gradients_on_the_meta_device(name):
+    """The recompute runs the op's torch definition on meta tensors too (tracing, fake runs)."""
+    ours, _, inputs = CASES[name](torch.bfloat16)
+    leaves = tuple(t.to("meta").requires_grad_() for t in inputs)
+    if name.startswith("batch_norm"):
+        meta_stats = [t.to("meta") for t in _stats(torch.bfloat16)]
+        op = BatchNormFwdOp(C, training=name.endswith("train"))
+        out = op(*leaves, *meta_stats)
+    else:
+        out = ours(*leaves)
+    grads = torch.autograd.grad(out.sum(), leaves)
+    for g, t in zip(grads, leaves, strict=True):
+        assert (g.device.type, g.dtype, g.shape) == ("meta", t.dtype, t.shape)
+
+
+def _cubed(fn: Callable) -> Callable:
+    """A scalar with second derivatives in every input (a sum of the outputs has none in x)."""
+    return lambda *t: fn(*t).pow(3).sum()
+
+
+def _along(grads: tuple, directions: list) -> torch.Tensor:
+    return sum((g * d).sum() for g, d in zip(grads, directions, strict=True))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_double_backward_matches_torch_in_float64(name):
+    ours, theirs, inputs = CASES[name](torch.float64)
+    mine, reference = _leaves(inputs), _leaves(inputs)
+    got = torch.autograd.grad(_cubed(ours)(*mine), mine, create_graph=True)
+    want = torch.autograd.grad(_cubed(theirs)(*reference), reference, create_graph=True)
+    assert all(g.requires_grad for g in got)
+    directions = [randn(*t.shape, dtype=torch.float64, seed=10 + k) for k, t in enumerate(inputs)]
+    second = torch.autograd.grad(_along(got, directions), mine)
+    expected = torch.autograd.grad(_along(want, directions), reference)
+    for g, w in zip(second, expected, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_hessian_matches_torch_in_float64(name):
+    ours, theirs, inputs = CASES[name](torch.float64)
+    got = torch.autograd.functional.hessian(_cubed(ours), inputs)
+    want = torch.autograd.functional.hessian(_cubed(theirs), inputs)
+    for row, expected_row in zip(got, want, strict=True):
+        for block, expected in zip(row, expected_row, strict=True):
+            torch.testing.assert_close(block, expected)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_gradgradcheck_in_float64(name):
+    ours, _, inputs = CASES[name](torch.float64)
+    assert torch.autograd.gradgradcheck(ours, _leaves(inputs), fast_mode=True)
+
+
+def test_the_same_tensor_twice_gets_each_arguments_second_derivatives():
+    a = randn(3, 3, dtype=torch.float64)
+    got = torch.autograd.functional.hessian(_cubed(lambda a: GemmOp()(a, a)), a)
+    want = torch.autograd.functional.hessian(_cubed(lambda a: a @ a), a)
+    torch.testing.assert_close(got, want)
+
+
+def test_double_backward_updates_the_running_stats_once():
+    op = BatchNormFwdOp(C)
+    mean, var = _stats(torch.float64)
+    x = randn(4, C, 5, dtype=torch.float64).requires_grad_()
+    (g,) = torch.autograd.grad(op(x, None, None, mean, var).pow(3).sum(), x, create_graph=True)
+    g.sum().backward()
+    expected_mean, expected_var = _stats(torch.float64)
+    F.batch_norm(x.detach(), expected_mean, expected_var, training=True)
+    torch.testing.assert_close((mean, var), (expected_mean, expected_var))
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
+@pytest.mark.parametrize("stat", ["running_mean", "running_var"])
+def test_running_stats_that_require_grad_are_refused_at_the_call(training, stat):
+    """F.batch_norm refuses them under autograd: they get no gradient (and training writes them)."""
+    op = BatchNormFwdOp(C, training=training)
+    mean, var = _stats(torch.float32)
+    stats = {"running_mean": mean, "running_var": var}
+    stats[stat].requires_grad_()
+    x = randn(4, C, 5)
+    with pytest.raises(OpInputError, match=f"argument '{stat}' requires grad, but the op has no"):
+        op(x, None, None, mean, var)
+    torch.testing.assert_close((mean, var), _stats(torch.float32))  # not updated
+    with torch.no_grad():  # no autograd: accepted, as F.batch_norm accepts it
+        op(x, None, None, mean, var)

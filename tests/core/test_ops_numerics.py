@@ -83,3 +83,90 @@ def test_16_bit_running_stats_are_blended_in_float32(dtype):
     for got, want in zip((mean, var), expected, strict=True):
         assert got.dtype == dtype
         torch.testing.assert_close(got, want.to(dtype), rtol=0, atol=0)
+
+
+# Inputs where a 16-bit computation shows: statistics of rows far from zero cancel, and
+# squares and products of values near the float16 maximum overflow 16 bits.
+HOSTILE = {
+    "offset": lambda x: x * 4 + 1e4,
+    "constant_near_max": lambda x: torch.full_like(x, 6e4),
+    "near_max": lambda x: 65504 - 32 * x.abs().round(),
+}
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+@pytest.mark.parametrize("dtype", HALF, ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("name", CASES)
+def test_16_bit_inputs_far_from_zero_compute_in_float32_and_round_once(name, dtype, kind):
+    op, fn, _ = CASES[name]
+    x, *rest = _inputs(name, dtype)
+    x = HOSTILE[kind](x.float()).to(dtype)
+    if name == "gemm":
+        rest = [b / 64 for b in rest]  # products that fit float16, summed over 512 terms
+    out = op(x, *rest, *_extra(name, dtype))
+    expected = fn(*[t.float() for t in (x, *rest)]).to(dtype)
+    assert out.dtype == dtype
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(out.float(), expected.float(), rtol=eps, atol=1e-6)
+
+
+def test_a_constant_float16_row_normalizes_to_zero():
+    x = torch.full((1, 8), 60000.0, dtype=torch.float16)
+    assert torch.equal(LayerNormFwdOp(8)(x), torch.zeros(1, 8, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("offset", [1e4, 6e4])
+def test_16_bit_inference_near_the_running_mean_computes_in_float32(dtype, offset):
+    x = (randn(16, C, 49) * 4 + offset).to(dtype)
+    mean = x.float().mean((0, 2)).to(dtype)  # x - mean cancels: 16-bit arithmetic shows
+    var, w, b = (randn(C, seed=k, dtype=dtype).abs() + 0.5 for k in (1, 2, 3))
+    out = BatchNormFwdOp(C, training=False)(x, w, b, mean, var)
+    floats = [t.float() for t in (mean, var, w, b)]
+    expected = F.batch_norm(x.float(), *floats, training=False).to(dtype)
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(out.float(), expected.float(), rtol=eps, atol=1e-6)
+
+
+def _float32_params(name: str) -> list[torch.Tensor]:
+    if name.startswith("batch_norm"):
+        return [randn(C, seed=1), randn(C, seed=2), torch.zeros(C), torch.ones(C)]
+    return [randn(512, seed=k) for k in range(1, 3 if name == "layer_norm" else 2)]
+
+
+@pytest.mark.parametrize("kind", HOSTILE)
+@pytest.mark.parametrize("dtype", HALF, ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("name", ["layer_norm", "rms_norm", "batch_norm_train", "batch_norm_infer"])
+def test_mixed_precision_far_from_zero_computes_in_float32_and_rounds_once(name, dtype, kind):
+    """16-bit x beside float32 params (as under autocast): torch's mixed path must not leak."""
+    op, _, shapes = CASES[name]
+    x = HOSTILE[kind](randn(*shapes[0]) * 3 + 1).to(dtype)
+    params = _float32_params(name)
+    expected = _float32_params(name)
+    if name.startswith("batch_norm"):
+        w, b, mean, var = expected
+        want = F.batch_norm(x.float(), mean, var, w, b, name.endswith("train"), 0.1, 1e-5)
+    else:
+        want = CASES[name][1](x.float(), *expected)
+    out = op(x, *params)
+    assert out.dtype == dtype
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(out.float(), want.to(dtype).float(), rtol=eps, atol=1e-6)
+    if name == "batch_norm_train":  # float32 running stats blended in place, as torch does
+        torch.testing.assert_close(params[2:], expected[2:], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("name", CASES)
+def test_the_torch_definition_computes_as_the_op_promises(name, dtype):
+    """`reference_forward` (what gradients differentiate) is the float32 math rounded once too."""
+    op, _, _ = CASES[name]
+    x, *rest = _inputs(name, dtype)
+    x = HOSTILE["offset"](x.float()).to(dtype)
+    if name == "gemm":
+        rest = [b / 64 for b in rest]
+    out = op(x, *rest, *_extra(name, dtype))
+    definition = op.reference_forward(x, *rest, *_extra(name, dtype))
+    assert definition.dtype == dtype
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(definition.float(), out.float(), rtol=eps, atol=1e-6)

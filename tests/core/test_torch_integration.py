@@ -211,6 +211,78 @@ def test_a_backend_can_register_a_backward_kernel(tileops_registry):
     torch.testing.assert_close(a.grad, 2 * torch.ones(2, 4) @ b.T)
 
 
+def _gemm_backward(differentiable: bool, seen: list) -> type:
+    """A GEMM backward kernel for a; detached (numpy-like) unless it declares differentiable."""
+    from tileops.ops import BackwardInterface
+
+    class GemmBackward(Kernel, BackwardInterface):
+        devices = {"cpu"}
+
+        def forward(self, grads, inputs):
+            seen.append(self.differentiable)
+            grad_a = grads[0] @ inputs[1].T
+            return (grad_a if self.differentiable else grad_a.detach(), None)
+
+    GemmBackward.differentiable = differentiable
+    return GemmBackward
+
+
+def _second_derivative_of_gemm(op):
+    """d/da of sum(d/da sum((a @ b)**2)): torch's value, and ours through `op`."""
+    a, b = randn(2, 3, dtype=torch.float64), randn(3, 4, dtype=torch.float64)
+    values = []
+    for fn in (op, torch.mm):
+        leaf = a.clone().requires_grad_()
+        (g,) = torch.autograd.grad(fn(leaf, b).pow(2).sum(), leaf, create_graph=True)
+        values.append(torch.autograd.grad(g.sum(), leaf)[0])
+    return values
+
+
+def test_a_backward_kernel_that_is_not_differentiable_refuses_double_backward(tileops_registry):
+    from tileops.ops import BackwardCall
+
+    seen = []
+    register_kernel_type(tileops.GemmOp, "detached_backward", _gemm_backward(False, seen))
+    op = tileops.GemmOp()
+    got, want = _second_derivative_of_gemm(op)
+    torch.testing.assert_close(got, want)
+    assert seen == [False]  # the reference served the create_graph backward, this the next one
+    call = BackwardCall(
+        device=torch.device("cpu"),
+        op=op.op_name,
+        params=(),
+        dtypes=(torch.float64, torch.float64),
+        needs=(True, False),
+        create_graph=True,
+    )
+    explanation = op.explain("backward", call)
+    assert explanation.chosen == "reference_backward"
+    assert explanation.verdict("detached_backward") == "refused"
+    assert "runs under create_graph (double backward), and the kernel does not declare " in str(
+        explanation
+    )
+    with tileops.pinned(tileops.GemmOp, "backward", "detached_backward"):
+        with pytest.raises(tileops.NoImplementationError, match="differentiable = True"):
+            _second_derivative_of_gemm(op)
+
+
+def test_a_differentiable_backward_kernel_serves_double_backward(tileops_registry):
+    seen = []
+    register_kernel_type(tileops.GemmOp, "graph_backward", _gemm_backward(True, seen))
+    got, want = _second_derivative_of_gemm(tileops.GemmOp())
+    torch.testing.assert_close(got, want)
+    assert seen == [True, True]  # the create_graph backward, then the first-order one
+
+
+def test_differentiable_must_be_a_bool():
+    from tileops.ops import BackwardInterface
+
+    with pytest.raises(tileops.KernelDeclarationError, match="differentiable must be True or"):
+
+        class Sloppy(Kernel, BackwardInterface):
+            differentiable = "yes"
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("name", ["rms_norm", "layer_norm"])
 def test_mixed_precision_norms_match_torch(name, dtype):
@@ -243,6 +315,203 @@ def test_under_autocast_each_op_behaves_as_its_torch_counterpart(name, dtype):
         expected = reference(*[t.clone() for t in inputs])
     assert out.dtype == expected.dtype
     torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.fixture
+def fresh_probes(monkeypatch):
+    """No autocast policy probed yet: the first call under autocast is the one that probes."""
+    monkeypatch.setattr(tileops.autocast, "_policies", {})
+
+
+@pytest.mark.parametrize(
+    ("a_dtype", "b_dtype"),
+    [
+        (torch.bfloat16, torch.float32),
+        (torch.float32, torch.bfloat16),
+        (torch.float16, torch.float32),
+        (torch.float64, torch.float64),
+    ],
+)
+def test_under_autocast_gemm_casts_mixed_operands_as_torch_mm(fresh_probes, a_dtype, b_dtype):
+    a, b = randn(5, 8, dtype=a_dtype), randn(8, 3, dtype=b_dtype)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = tileops.GemmOp()(a, b)
+        expected = torch.mm(a, b)
+    assert out.dtype == expected.dtype
+    torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "layer_norm", "batch_norm_train", "batch_norm_infer"])
+def test_under_autocast_norms_take_16_bit_x_beside_float32_params(fresh_probes, name):
+    """Autocast's own layout: float32 parameters (and running stats) beside a 16-bit x."""
+    make, (x, *params), reference = cases()[name]
+    x, theirs = x.to(torch.bfloat16), [t.clone() for t in params]
+    with torch.autocast("cpu", dtype=torch.bfloat16), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's rms_norm warns on its own mixed path
+        out, expected = make()(x, *params), reference(x, *theirs)
+    assert out.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(params, theirs)  # running stats updated as torch updates them
+
+
+def _stats():
+    return torch.zeros(3), torch.ones(3)
+
+
+# name: (op factory, a bad call's inputs, a good call's inputs, the op's error)
+BAD_CALLS = {
+    "softmax_dim": (
+        lambda: tileops.SoftmaxFwdOp(5),
+        (randn(2, 3),),
+        (randn(2, 3, 4, 5, 6, 7),),
+        "dim 5 is out of range",
+    ),
+    "inference_without_stats": (
+        lambda: tileops.BatchNormFwdOp(3, training=False),
+        (randn(2, 3, 4), None, None, None, None),
+        (randn(2, 3, 4), None, None, *_stats()),
+        "argument 'running_mean' is required in inference",
+    ),
+    "one_running_stat": (
+        lambda: tileops.BatchNormFwdOp(3),
+        (randn(2, 3, 4), None, None, torch.zeros(3), None),
+        (randn(2, 3, 4), None, None, *_stats()),
+        "argument 'running_var' is missing while 'running_mean' is given",
+    ),
+    "gemm_shapes": (
+        tileops.GemmOp,
+        (randn(2, 3), randn(4, 4)),
+        (randn(2, 3), randn(3, 4)),
+        r"argument 'b' has shape \[4, 4\], expected \[3, n\]",
+    ),
+    "gemm_float64_beside_float32": (
+        tileops.GemmOp,
+        (randn(2, 3, dtype=torch.float64), randn(3, 4)),
+        (randn(2, 3, dtype=torch.float64), randn(3, 4, dtype=torch.float64)),
+        "argument 'b' has dtype float32, expected float64",
+    ),
+    "not_a_tensor": (
+        lambda: tileops.LayerNormFwdOp(3),
+        ([1.0, 2.0, 3.0], None, None),
+        (randn(2, 3), None, None),
+        "argument 'x' must be a torch.Tensor, got list",
+    ),
+}
+
+
+@pytest.mark.parametrize("good_call_first", [False, True], ids=["bad_first", "good_first"])
+@pytest.mark.parametrize("name", BAD_CALLS)
+def test_under_autocast_bad_calls_raise_the_ops_own_errors(fresh_probes, name, good_call_first):
+    """The op's checks run before autocast probes its torch definition, whatever ran before."""
+    make, bad, good, match = BAD_CALLS[name]
+    with pytest.raises(tileops.OpInputError, match=match) as without:
+        make()(*bad)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        if good_call_first:  # the op class probed, for these dtypes where the call allows it
+            make()(*good)
+        with pytest.raises(tileops.OpInputError, match=match) as under:
+            make()(*bad)
+    assert str(under.value) == str(without.value)
+
+
+def test_under_autocast_a_dtype_the_cast_leaves_disagreeing_names_the_cast(tileops_registry):
+    """An input autocast does not cast (one the op writes) may disagree after the cast."""
+    from tileops import CallSpec, Input, KernelInterface, Op, Output, Signature
+
+    class SummedCall(CallSpec):
+        dtype: torch.dtype
+
+    class Summed(KernelInterface):
+        def forward(self, a, b, total): ...
+
+    class TorchSummed(Kernel, Summed):
+        devices = {"cpu"}
+        general = True
+
+        def forward(self, a, b, total):
+            out = torch.mm(a, b)
+            total.add_(out.sum())
+            return out
+
+    class SummedGemmOp(Op):
+        """a @ b, its sum added to `total` in place."""
+
+        namespace = "tests.autocast"
+        interfaces = {"summed": Summed}
+        kernel_types = {"torch": TorchSummed}
+        signature = Signature(
+            (
+                Input("a", ("m", "k")),
+                Input("b", ("k", "n"), dtypes=("a",)),
+                Input("total", (), dtypes=("a",), written=True),
+            ),
+            {},
+            (Output("out", shape=("m", "n"), dtype_of="a"),),
+        )
+
+        def forward(self, a, b, total):
+            call = SummedCall(device=a.device, dtype=a.dtype)
+            shape = (a.shape[0], b.shape[1])
+            return self.call_kernel("summed", call, shape, a.dtype, a, b, total)
+
+        def reference_forward(self, a, b, total):
+            out = torch.mm(a, b)
+            total.add_(out.sum())
+            return out
+
+    a, b, total = randn(2, 3), randn(3, 4), torch.zeros(())
+    torch.testing.assert_close(SummedGemmOp()(a, b, total), a @ b)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with pytest.raises(tileops.OpInputError, match="argument 'total' has dtype float32") as e:
+            SummedGemmOp()(a, b, total)
+    assert (
+        "under torch.autocast('cpu') the op cast 'a' from float32 to bfloat16, 'b' from float32 "
+        "to bfloat16, as autocast casts its torch counterpart's inputs"
+    ) in e.value.__notes__
+    torch.testing.assert_close(total, (a @ b).sum())  # written once, by the call that ran
+
+
+def test_under_autocast_an_op_autocast_runs_in_float32_gets_float32_inputs(
+    tileops_registry, fresh_probes
+):
+    """What CUDA's autocast does to layer_norm and softmax, shown on the CPU with mse_loss."""
+    from tileops import CallSpec, Input, KernelInterface, Op, Output, Signature
+
+    class SquaredErrorCall(CallSpec):
+        dtype: torch.dtype
+
+    class SquaredError(KernelInterface):
+        def forward(self, x, y): ...
+
+    class TorchSquaredError(Kernel, SquaredError):
+        devices = {"cpu"}
+        general = True
+
+        def forward(self, x, y):
+            return (x - y) ** 2
+
+    class SquaredErrorOp(Op):
+        namespace = "tests.autocast"
+        interfaces = {"squared_error": SquaredError}
+        kernel_types = {"torch": TorchSquaredError}
+        signature = Signature(
+            (Input("x", ("n",)), Input("y", ("n",), dtypes=("x",))), {}, (Output("out", like="x"),)
+        )
+
+        def forward(self, x, y):
+            call = SquaredErrorCall(device=x.device, dtype=x.dtype)
+            return self.call_kernel("squared_error", call, x.shape, x.dtype, x, y)
+
+        def reference_forward(self, x, y):
+            return F.mse_loss(x, y, reduction="none")
+
+    bf16, f32 = torch.bfloat16, torch.float32
+    for x_dtype, y_dtype in [(bf16, bf16), (bf16, f32), (f32, bf16), (f32, f32)]:
+        x, y = randn(6, dtype=x_dtype), randn(6, dtype=y_dtype)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, expected = SquaredErrorOp()(x, y), F.mse_loss(x, y, reduction="none")
+        assert out.dtype == expected.dtype == torch.float32
+        torch.testing.assert_close(out, expected)
 
 
 def test_tileops_nn_modules_compile_fullgraph():

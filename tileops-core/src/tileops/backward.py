@@ -6,34 +6,45 @@ on and differentiates it, so gradients match torch's for every op, dtype and sha
 serves, whichever kernel served the forward. Backends register faster backward kernels the way
 they register forward ones: `register_kernel_type(OpClass, key, cls)` with a class inheriting
 `BackwardInterface`; they win over the reference wherever they do not refuse.
+
+A backward that runs under `create_graph` (double backward, hessians, gradgradcheck) must
+return gradients that are themselves differentiable; the call says so (`create_graph`), and a
+kernel that does not declare `differentiable = True` refuses it, so the reference serves.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from .backend.registry import REGISTRY
 from .call import CallSpec
+from .errors import KernelDeclarationError
 from .kernel import Build, Kernel, KernelInterface
 
 if TYPE_CHECKING:
     from .op import Op
 
 Tensors = tuple[torch.Tensor | None, ...]
+NOT_DIFFERENTIABLE = (
+    "this backward runs under create_graph (double backward), and the kernel does not declare "
+    "differentiable = True: the gradients it returns would drop the second-order terms"
+)
 
 
 class BackwardCall(CallSpec):
     """One backward call: the op (unique name) and its params, the inputs' dtypes (None for an
-    absent optional input) and which inputs need a gradient. No shapes: under tracing they are
-    symbolic, and a kernel reads them off its tensors."""
+    absent optional input), which inputs need a gradient, and whether the gradients must be
+    differentiable themselves (`create_graph`: the backward runs with grad mode on). No
+    shapes: under tracing they are symbolic, and a kernel reads them off its tensors."""
 
     op: str
     params: tuple[tuple[str, Hashable], ...]
     dtypes: tuple[torch.dtype | None, ...]
     needs: tuple[bool, ...]
+    create_graph: bool = False
 
 
 class BackwardInterface(KernelInterface):
@@ -44,61 +55,104 @@ class BackwardInterface(KernelInterface):
     strides). Return one tensor per input: the gradient, shaped and typed like that input,
     where `call.needs` is True, else None. Inputs the op writes (BatchNorm's running stats)
     never need a gradient and must not be written again.
+
+    `differentiable`: True when the gradients are built from differentiable torch ops on
+    `grads` and `inputs` (so autograd can differentiate them again). Only such kernels serve
+    calls with `create_graph`; the others refuse them, whatever their own `refusal` says.
     """
 
     call_spec = BackwardCall
+    differentiable: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not isinstance(cls.differentiable, bool):
+            raise KernelDeclarationError(
+                f"kernel class {cls.__qualname__!r}: differentiable must be True or False, got "
+                f"{cls.differentiable!r}"
+            )
+        if issubclass(cls, Kernel) and not getattr(cls.refusal, "checks_graph", False):
+            cls.refusal = _refusing_graphs(cls.refusal.__func__)
 
     def forward(self, grads: Tensors, inputs: Tensors) -> Tensors:
         raise NotImplementedError
 
 
+def _refusing_graphs(own: Callable[..., str | None]) -> classmethod:
+    """`own` refusal, after refusing create_graph calls where the kernel is not differentiable."""
+
+    def refusal(cls: type, call: BackwardCall) -> str | None:
+        if call.create_graph and not cls.differentiable:
+            return NOT_DIFFERENTIABLE
+        return own(cls, call)
+
+    refusal.checks_graph = True
+    return classmethod(refusal)
+
+
 class RecomputeBackward(Kernel, BackwardInterface):
     """Differentiates the op's torch definition, recomputed from the saved inputs: exact
-    agreement with torch's gradients, at the price of one more forward in torch."""
+    agreement with torch's gradients, at the price of one more forward in torch. Under
+    create_graph it recomputes on the saved inputs themselves, so its gradients carry their
+    own graph and second-order terms flow."""
 
     devices = frozenset({"cpu", "meta", "cuda"})
     general = True
+    differentiable = True
 
     @classmethod
     def entry_for(cls, call: BackwardCall) -> tuple[Hashable, Build]:
-        identity = (call.op, call.params, call.needs)
-        return identity, lambda: cls(call.op, dict(call.params), call.needs)
+        identity = (call.op, call.params, call.needs, call.create_graph)
+        return identity, lambda: cls(call.op, dict(call.params), call.needs, call.create_graph)
 
-    def __init__(self, op: str, params: dict[str, Any], needs: tuple[bool, ...]) -> None:
+    def __init__(
+        self, op: str, params: dict[str, Any], needs: tuple[bool, ...], create_graph: bool
+    ) -> None:
         self.op = REGISTRY.op_class(op)(**params)
         self.written = tuple(spec.written for spec in self.op.signature.inputs)
         self.needs = needs
+        self.create_graph = create_graph
 
     def forward(self, grads: Tensors, inputs: Tensors) -> Tensors:
+        graph = self.create_graph
         with torch.enable_grad():
             leaves = tuple(
-                _leaf(t, need, written)
+                _leaf(t, need, written, graph)
                 for t, need, written in zip(inputs, self.needs, self.written, strict=True)
             )
             outputs = self.op.reference_forward(*leaves)
             outputs = outputs if isinstance(outputs, tuple) else (outputs,)
             wanted = [t for t, need in zip(leaves, self.needs, strict=True) if need]
-            found = iter(torch.autograd.grad(outputs, wanted, grads, allow_unused=True))
+            found = iter(
+                torch.autograd.grad(outputs, wanted, grads, allow_unused=True, create_graph=graph)
+            )
         return tuple(next(found) if need else None for need in self.needs)
 
 
-def _leaf(t: torch.Tensor | None, need: bool, written: bool) -> torch.Tensor | None:
+def _leaf(t: torch.Tensor | None, need: bool, written: bool, graph: bool) -> torch.Tensor | None:
+    """What the recompute runs on: a copy of an input the op writes (running stats are never
+    updated again); under create_graph, a node of its own on the input's graph per argument
+    (the same tensor passed twice gets each argument's gradient); else a detached leaf."""
     if t is None:
         return None
     if written:
-        return t.detach().clone()  # the recompute must not update running stats again
+        return t.detach().clone()
+    if graph:
+        return t.view_as(t) if need else t
     return t.detach().requires_grad_(need)
 
 
 def backward_of(
     op: Op, grads: Sequence[torch.Tensor], inputs: Tensors, needs: Sequence[bool]
 ) -> Tensors:
-    """The gradients of `op`'s inputs, from the kernel its "backward" interface selects."""
+    """The gradients of `op`'s inputs, from the kernel its "backward" interface selects; with
+    grad mode on (the caller's create_graph), a kernel whose gradients are differentiable."""
     call = BackwardCall(
         device=next(t.device for t in inputs if t is not None),
         op=type(op).op_name,
         params=tuple(op.params().items()),
         dtypes=tuple(None if t is None else t.dtype for t in inputs),
         needs=tuple(needs),
+        create_graph=torch.is_grad_enabled(),
     )
     return op.kernel_for("backward", call)(tuple(grads), inputs)

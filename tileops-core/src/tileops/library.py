@@ -17,9 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .autocast import castable
 from .backend.registry import REGISTRY
 from .backward import backward_of
-from .errors import OpDefinitionError
+from .errors import OpDefinitionError, OpInputError, add_note
 from .table import ENTRY_LIMIT, remember
 
 if TYPE_CHECKING:
@@ -143,9 +144,22 @@ def _fake_impl(op_cls: type[Op]) -> Any:
     return fake
 
 
+def _refuse_gradients_it_lacks(op: Op, tensors: tuple) -> None:
+    """Under autograd, inputs the op has no gradient for (written ones, running stats) must not
+    require grad: torch's ops refuse them at the call, and a backward could not serve them."""
+    for spec, t in zip(op.signature.inputs, tensors, strict=True):
+        if t is not None and t.requires_grad and (spec.written or not spec.differentiable):
+            raise OpInputError(
+                f"{type(op).op_name}(): argument {spec.name!r} requires grad, but the op has no "
+                f"gradient for it{' (it writes it in place)' if spec.written else ''}; pass it "
+                "with requires_grad=False (detach it)"
+            )
+
+
 def _setup_context(op_cls: type[Op]) -> Any:
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
         tensors, params, target = _split(op_cls, inputs)
+        _refuse_gradients_it_lacks(instance(op_cls, params, target), tensors)
         ctx.save_for_backward(*tensors)
         ctx.params, ctx.target = params, target
 
@@ -166,6 +180,8 @@ def _backward(op_cls: type[Op]) -> Any:
 def _mutating_autograd(op_cls: type[Op]) -> Any:
     def autograd(*args: Any) -> Any:
         tensors, params, target = _split(op_cls, args)
+        if torch.is_grad_enabled():
+            _refuse_gradients_it_lacks(instance(op_cls, params, target), tensors)
         return _MutatingOp.apply(op_cls, params, target, *tensors)
 
     return autograd
@@ -192,23 +208,46 @@ class _MutatingOp(torch.autograd.Function):
 
 
 def _autocast_impl(op_cls: type[Op], device_type: str) -> Any:
-    """Cast as the op's torch counterpart is cast under autocast, then run without autocast."""
+    """Cast as the op's torch counterpart is cast under autocast, then run without autocast.
+    `Op.__call__` ran the op's checks before (`Op.check_uncast`): the probe sees calls they
+    accept, and the checks after the cast judge only what the cast changed."""
 
     def autocast(*args: Any) -> Any:
-        tensors, params, target = _split(op_cls, args)
-        dtype = instance(op_cls, params, target).autocast_dtype(device_type, tensors)
+        given, params, target = _split(op_cls, args)
+        specs = op_cls.signature.inputs
+        tensors = given
+        dtype = instance(op_cls, params, target).autocast_dtype(device_type, given)
         if dtype is not None:
-            tensors = tuple(
-                _cast(t, dtype, spec)
-                for t, spec in zip(tensors, op_cls.signature.inputs, strict=True)
-            )
-        with torch.autocast(device_type, enabled=False):
-            return operator(op_cls)(*tensors, *params.values(), target)
+            tensors = tuple(_cast(t, dtype, spec) for t, spec in zip(given, specs, strict=True))
+        try:
+            with torch.autocast(device_type, enabled=False):
+                return operator(op_cls)(*tensors, *params.values(), target)
+        except OpInputError as exc:  # a dtype agreement the cast did not settle
+            _note_casts(exc, device_type, specs, given, tensors)
+            raise
 
     return autocast
 
 
 def _cast(t: torch.Tensor | None, dtype: torch.dtype, spec: Any) -> torch.Tensor | None:
-    if t is None or spec.written or not t.is_floating_point() or t.dtype == dtype:
+    if t is None or t.dtype == dtype or not castable(t, spec):
         return t
     return t.to(dtype)
+
+
+def _note_casts(exc: Exception, device_type: str, specs: Any, given: tuple, cast: tuple) -> None:
+    changed = [
+        f"{spec.name!r} from {_name(t.dtype)} to {_name(c.dtype)}"
+        for spec, t, c in zip(specs, given, cast, strict=True)
+        if t is not None and c is not t
+    ]
+    if changed:
+        add_note(
+            exc,
+            f"under torch.autocast({device_type!r}) the op cast {', '.join(changed)}, as autocast "
+            "casts its torch counterpart's inputs",
+        )
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

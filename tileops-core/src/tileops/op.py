@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch
 
 from . import library
-from .autocast import autocast_policy
+from .autocast import agreeing, autocast_policy
 from .backend.plugins import LOADER, failure_note
 from .backend.registry import BUILTIN, REGISTRY
 from .call import CallSpec, check_fields
@@ -22,6 +22,7 @@ from .control import SCOPES, current_pin
 from .errors import (
     AmbiguousTargetError,
     BackendError,
+    OpInputError,
     OpNotAvailableError,
     UnknownTargetError,
     add_note,
@@ -164,11 +165,17 @@ class Op:
         if torch.compiler.is_compiling() and self.signature.param_types is not None:
             tensors = self.signature.parse(type(self).op_name, args, kwargs)
             return library.call_operator(self, tensors)  # Dynamo sees one node, never our locks
+        if _is_any_autocast_enabled() and self.signature.param_types is not None:
+            tensors = self.signature.parse(type(self).op_name, args, kwargs)
+            self.check_uncast(tensors)  # before autocast probes or casts anything
+            return library.call_operator(self, tensors)
         plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
         call = self.signature.bind(type(self).op_name, args, kwargs, plan)
         if (
-            _is_any_autocast_enabled() or (call.requires_grad and torch.is_grad_enabled())
-        ) and self.signature.param_types is not None:
+            call.requires_grad
+            and torch.is_grad_enabled()
+            and self.signature.param_types is not None
+        ):
             return library.call_operator(self, call.tensors)
         if self._settled is BUILTIN and not self._checks and not call.written_empty:
             return self.forward(*call.tensors)  # the common case, one call shorter
@@ -184,6 +191,24 @@ class Op:
         """The op in plain, differentiable torch: what the reference backward differentiates
         and what autocast is probed with. Ops of the catalogue define it."""
         raise NotImplementedError(f"{type(self).op_name} defines no reference_forward()")
+
+    def check_uncast(self, tensors: tuple[Any, ...]) -> None:
+        """The op's checks (signature, `check`) on a call autocast will cast, with the errors
+        and messages they have without autocast; only a dtype disagreement between inputs
+        autocast may cast waits for the cast (judged after it, as torch does)."""
+        try:
+            return self._check_tensors(tensors)
+        except OpInputError:
+            agreed = agreeing(self, tensors)
+            if agreed is None:
+                raise
+        self._check_tensors(agreed)  # what is left once the castable inputs agree
+
+    def _check_tensors(self, tensors: tuple[Any, ...]) -> None:
+        plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
+        call = self.signature.bind(type(self).op_name, tensors, {}, plan)
+        if self._checks:
+            self.check(call)
 
     def autocast_dtype(
         self, device_type: str, tensors: tuple[torch.Tensor | None, ...]

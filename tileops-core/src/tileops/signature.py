@@ -51,6 +51,8 @@ class Input:
     `written`: the op updates it in place (BatchNorm's running stats); such an input must be
     passed by the caller, so with `contiguous` the call is refused when it is not contiguous
     (a copy would lose the update). Inputs that are not written may have any strides.
+    `differentiable`: False where the op has no gradient for it (running stats); such an input,
+    and every written one, must not require grad under autograd (as torch's ops refuse).
     """
 
     name: str
@@ -60,6 +62,7 @@ class Input:
     written: bool = False
     contiguous: bool = False
     device: str | None = None  # "cpu": stays on the host whatever the call device
+    differentiable: bool = True
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from ..call import CallSpec
 from ..cases import Case
 from ..errors import OpConfigError
 from ..kernel import Build, Kernel
+from ..signature import HALF_DTYPES
 
 # -- constructor params ----------------------------------------------------------------------
 
@@ -99,6 +100,20 @@ def contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.contiguous()
 
 
+def float32(t: torch.Tensor | None) -> torch.Tensor | None:
+    """`t` in float32 (itself when it already is), or None."""
+    return None if t is None else t.float()
+
+
+def upcasts(x: torch.Tensor) -> bool:
+    """Whether an op's torch definition computes 16-bit `x` in float32 itself: yes, unless
+    autocast is on for x's device, which then decides the dtype as for the torch counterpart."""
+    if x.dtype not in HALF_DTYPES:
+        return False
+    device = x.device.type  # "meta" has no autocast
+    return not (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device))
+
+
 def param_dtype(*params: torch.Tensor | None) -> torch.dtype | None:
     """The dtype of the parameters given (x's, or float32 under mixed precision; the op's
     checks made sure they agree), or None when none is: a call spec's `param_dtype`."""
@@ -117,11 +132,14 @@ class ReferenceKernel(Kernel):
     say, which the GPU kernels refuse).
 
     Each calls the torch function it matches, so it has torch's numerics and autograd: float32
-    and float64 compute in their own dtype; 16-bit inputs compute in float32 and round once,
-    because torch's CPU kernels do (tests/core/test_ops_numerics.py checks that against the
-    upcast computation; where torch's 16-bit path does not, the kernel upcasts itself). They
-    are the baseline GPU kernels are checked against. `build_fields` names the call-spec fields
-    the kernel is constructed with: they are its build identity.
+    and float64 compute in their own dtype; 16-bit inputs compute in float32 and round once.
+    Torch's 16-bit CPU kernels do that for softmax, rms_norm and mm; layer_norm's and
+    batch_norm's 16-bit paths do not (a constant row of 60000 normalizes to 0.99), so those
+    kernels upcast themselves. tests/core/test_ops_numerics.py holds every kernel to the
+    float32 computation rounded once, on inputs that expose the difference (large offsets,
+    values near the 16-bit maximum). They are the baseline GPU kernels are checked against.
+    `build_fields` names the call-spec fields the kernel is constructed with: they are its
+    build identity.
     """
 
     devices = frozenset({"cpu", "meta", "cuda"})

@@ -19,17 +19,19 @@ from ...call import CallSpec
 from ...errors import OpConfigError, OpInputError
 from ...kernel import KernelInterface
 from ...op import Op
-from ...signature import BATCH, WIDENED, BoundCall, Input, Output, Signature
+from ...signature import BATCH, HALF_DTYPES, WIDENED, BoundCall, Input, Output, Signature
 from .._common import (
     ReferenceKernel,
     bool_param,
     contiguous,
     eps_param,
+    float32,
     fraction_param,
     like,
     param_dtype,
     positive_int_param,
     sample_case,
+    upcasts,
 )
 
 if TYPE_CHECKING:
@@ -108,20 +110,37 @@ class BatchNormInferInterface(_BatchNormContract):
     """
 
 
-HALF = frozenset({torch.float16, torch.bfloat16})
+def _batch_norm(
+    x: Tensor,
+    weight: Tensor | None,
+    bias: Tensor | None,
+    mean: Tensor | None,
+    var: Tensor | None,
+    training: bool,
+    momentum: float,
+    eps: float,
+) -> Tensor:
+    """`F.batch_norm`, 16-bit x normalized in float32 and rounded once.
 
-
-def _float(t: Tensor | None) -> Tensor | None:
-    return None if t is None else t.float()
+    Neither torch's all-16-bit path nor its mixed-type one (float32 per-channel tensors) does
+    that for rows far from zero, so 16-bit x is normalized as a float32 copy. 16-bit running
+    stats are blended in float32 copies and stored back; float32 ones (mixed precision) are
+    blended in place, exactly as `F.batch_norm` does.
+    """
+    if x.dtype not in HALF_DTYPES:
+        return F.batch_norm(x, mean, var, weight, bias, training, momentum, eps)
+    stats = float32(mean), float32(var)
+    y = F.batch_norm(x.float(), *stats, float32(weight), float32(bias), training, momentum, eps)
+    if training and mean is not None and var is not None and stats[0] is not mean:
+        mean.copy_(stats[0])
+        var.copy_(stats[1])
+    return y.to(x.dtype)
 
 
 class BatchNormTrainReference(ReferenceKernel, BatchNormTrainInterface):
     """`F.batch_norm` with the batch statistics; it updates the running stats itself, outside
-    autograd. Torch's all-16-bit path rounds its statistics, so 16-bit x takes torch's
-    mixed-type path instead (float32 params: it computes in float32), with 16-bit running stats
-    blended in float32 copies and stored back. Under mixed precision the per-channel tensors
-    are float32 already: `.float()` returns them as they are, so torch blends the caller's
-    float32 running stats in place, exactly as `F.batch_norm` does."""
+    autograd. 16-bit x is normalized in float32, rounded once, and 16-bit running stats are
+    blended in float32 (see `_batch_norm`)."""
 
     build_fields = ("eps", "momentum")
 
@@ -136,19 +155,8 @@ class BatchNormTrainReference(ReferenceKernel, BatchNormTrainInterface):
         running_mean: Tensor | None,
         running_var: Tensor | None,
     ) -> Tensor:
-        if x.dtype not in HALF:
-            return self._norm(x, weight, bias, running_mean, running_var)
-        unit = torch.ones(x.shape[1], device=x.device) if weight is None else weight.float()
-        stats = _float(running_mean), _float(running_var)
-        y = self._norm(x, unit, _float(bias), *stats)
-        if running_mean is not None and running_var is not None:
-            running_mean.copy_(stats[0])
-            running_var.copy_(stats[1])
-        return y
-
-    def _norm(self, x: Tensor, *params: Tensor | None) -> Tensor:
-        weight, bias, mean, var = params
-        return F.batch_norm(x, mean, var, weight, bias, True, self.momentum, self.eps)
+        stats = running_mean, running_var
+        return _batch_norm(x, weight, bias, *stats, True, self.momentum, self.eps)
 
 
 class BatchNormInferReference(ReferenceKernel, BatchNormInferInterface):
@@ -168,17 +176,26 @@ class BatchNormInferReference(ReferenceKernel, BatchNormInferInterface):
         running_mean: Tensor | None,
         running_var: Tensor | None,
     ) -> Tensor:
-        return F.batch_norm(x, running_mean, running_var, weight, bias, False, 0.0, self.eps)
+        return _batch_norm(x, weight, bias, running_mean, running_var, False, 0.0, self.eps)
 
 
 def _signature(training: bool) -> Signature:
     """x of shape [batch, num_features, ...]; per-channel params of x's dtype, or float32
-    beside 16-bit x (autocast keeps them float32); stats written in training."""
+    beside 16-bit x (autocast keeps them float32); stats written in training, and never
+    differentiated (F.batch_norm refuses running stats that require grad)."""
     per_channel, dtypes = ("num_features",), (f"{WIDENED}x",)
     inputs = [Input("x", ("batch", "num_features", BATCH))]
     inputs += [Input(n, per_channel, dtypes=dtypes, optional=True) for n in ("weight", "bias")]
     inputs += [
-        Input(n, per_channel, dtypes=dtypes, optional=True, written=training, contiguous=training)
+        Input(
+            n,
+            per_channel,
+            dtypes=dtypes,
+            optional=True,
+            written=training,
+            contiguous=training,
+            differentiable=False,
+        )
         for n in STATS
     ]
     params = {"num_features": "int", "eps": "float", "momentum": "float", "training": "bool"}
@@ -297,9 +314,10 @@ class BatchNormFwdOp(Op):
         running_mean: Tensor | None,
         running_var: Tensor | None,
     ) -> Tensor:
-        return F.batch_norm(
-            x, running_mean, running_var, weight, bias, self.training, self.momentum, self.eps
-        )
+        stats, training = (running_mean, running_var), self.training
+        if upcasts(x):  # as the kernels compute: in float32, rounded once
+            return _batch_norm(x, weight, bias, *stats, training, self.momentum, self.eps)
+        return F.batch_norm(x, *stats, weight, bias, training, self.momentum, self.eps)
 
     @classmethod
     def sample_cases(cls) -> Iterable[Case]:

@@ -12,7 +12,8 @@ from ...backward import BackwardInterface, RecomputeBackward
 from ...call import CallSpec
 from ...kernel import KernelInterface
 from ...op import Op
-from .._common import ReferenceKernel, eps_param, param_dtype, sample_case
+from ...signature import HALF_DTYPES
+from .._common import ReferenceKernel, eps_param, float32, param_dtype, sample_case, upcasts
 from ._rows import RowNorm, norm_signature
 
 if TYPE_CHECKING:
@@ -50,7 +51,8 @@ class LayerNormInterface(KernelInterface):
 
 
 class LayerNormReference(ReferenceKernel, LayerNormInterface):
-    """`F.layer_norm` over each row: 16-bit rows are normalized in float32, rounded once."""
+    """`F.layer_norm` over each row: 16-bit rows are normalized in float32, rounded once (torch's
+    16-bit CPU path does not: it upcasts here)."""
 
     build_fields = ("eps",)
 
@@ -60,7 +62,20 @@ class LayerNormReference(ReferenceKernel, LayerNormInterface):
     def forward(
         self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
     ) -> torch.Tensor:
+        if x.dtype in HALF_DTYPES:
+            return _in_float32(x, x.shape[-1:], weight, bias, self.eps)
         return F.layer_norm(x, x.shape[-1:], weight, bias, self.eps)
+
+
+def _in_float32(
+    x: torch.Tensor,
+    shape: Sequence[int],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float,
+) -> torch.Tensor:
+    """`F.layer_norm` of 16-bit x computed in float32, rounded once to x's dtype."""
+    return F.layer_norm(x.float(), shape, float32(weight), float32(bias), eps).to(x.dtype)
 
 
 class LayerNormFwdOp(RowNorm, Op):
@@ -93,6 +108,8 @@ class LayerNormFwdOp(RowNorm, Op):
     def reference_forward(
         self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
     ) -> torch.Tensor:
+        if upcasts(x):
+            return _in_float32(x, self.normalized_shape, weight, bias, self.eps)
         return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
 
     @classmethod

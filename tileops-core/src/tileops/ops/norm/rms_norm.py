@@ -13,7 +13,7 @@ from ...call import CallSpec
 from ...kernel import KernelInterface
 from ...op import Op
 from ...signature import FLOAT_DTYPES
-from .._common import ReferenceKernel, eps_param, sample_case
+from .._common import ReferenceKernel, eps_param, float32, sample_case, upcasts
 from ._rows import RowNorm, norm_signature
 
 if TYPE_CHECKING:
@@ -97,6 +97,9 @@ class RMSNormFwdOp(RowNorm, Op):
         )
 
     def reference_forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        if upcasts(x):  # as the kernels compute: in float32, rounded once
+            y = F.rms_norm(x.float(), self.normalized_shape, float32(weight), self.eps)
+            return y.to(x.dtype)
         return F.rms_norm(x, self.normalized_shape, weight, self.eps)
 
     @classmethod
