@@ -16,6 +16,7 @@ from tileops.backend import (
 from tileops.errors import KernelDeclarationError, UnknownOpError
 from tileops.ops import RMSNormCall, RMSNormInterface, SoftmaxInterface
 from tileops.ops.norm.rms_norm import RMSNormReference
+from tileops.provenance import Source, entry_point_of, loading_source, remember_entry_point
 
 
 class PluggedRMSNorm(RMSNormReference):
@@ -144,3 +145,19 @@ def test_one_builder_per_op_and_target(tileops_registry):
         register_kernel_builder(op=SoftmaxFwdOp, target="fake", build_kernel=lambda x, dim: None)
     with pytest.raises(BackendError, match="build_kernel must be callable"):
         register_kernel_builder(op=RMSNormFwdOp, target="fake", build_kernel="nope")
+
+
+def test_a_registration_names_the_entry_point_whose_module_made_it():
+    """Not whichever backend is loading: the module's own entry point, found by its package."""
+    plugin, other = Source("pkg-a", "plugin"), Source("pkg-a", "other")
+    remember_entry_point("provenance_probe.plugin", plugin)
+    remember_entry_point("provenance_probe.other", other)
+    assert entry_point_of("provenance_probe.plugin.kernels") == plugin
+    assert entry_point_of("provenance_probe.other") == other
+    assert entry_point_of("provenance_probe.shared") is None  # two in its package, none loading
+    token = loading_source.set(other)
+    try:
+        assert entry_point_of("provenance_probe.shared") == other
+        assert entry_point_of("unrelated_module") is None
+    finally:
+        loading_source.reset(token)

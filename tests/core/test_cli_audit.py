@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from cli_kit import plant, rows_kernel
 
+from tileops.backend import register_detector, register_kernel_builder
 from tileops.cli import main
 
 
@@ -85,3 +86,22 @@ def test_audit_numerics_runs_every_key_here_and_fails_on_a_wrong_one(capsys, til
     assert main(["audit", "--numerics", "SoftmaxFwdOp"]) == 1
     out = capsys.readouterr().out
     assert "sloppy" in out and "over tolerance" in out
+
+
+def test_a_target_claiming_a_device_for_ops_it_cannot_build_is_a_finding(capsys, isolated):
+    """Every GemmOp on the CPU would settle on 'greedy' and raise: audit fails on it."""
+    register_detector("greedy", lambda device: device.type == "cpu")
+    register_kernel_builder("SoftmaxFwdOp", "greedy", lambda x, *, dim: None)
+    register_detector("wishy", lambda device: "no")
+    code, out = audit(capsys, "SoftmaxFwdOp", "GemmOp", "--arch", "90")
+    assert code == 1
+    assert (
+        "UNSERVED CLAIM target 'greedy' (module test_cli_audit): claims cpu but has no kernel "
+        "builder for tileops::GemmOp: every call of those ops there settles on it and raises "
+        "OpNotAvailableError"
+    ) in out
+    assert (
+        "BROKEN target 'wishy': the detector of target 'wishy' (module test_cli_audit) returned "
+        "'no' (str) for cpu; a detector must return a bool"
+    ) in out
+    assert out.splitlines()[-1] == "FAILED: 1 unserved claim(s), 1 broken(s)"

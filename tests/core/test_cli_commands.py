@@ -109,3 +109,19 @@ def test_python_dash_m_tileops_runs_the_command():
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["winner"] == "reference"
+
+
+def test_doctor_reports_a_target_claiming_this_machines_cpu_for_ops_it_cannot_build(
+    capsys, tileops_registry
+):
+    register_detector("greedy", lambda device: device.type == "cpu")
+    register_kernel_builder("SoftmaxFwdOp", "greedy", lambda x, *, dim: None)
+    code, out = run(capsys, "doctor")[:2]
+    assert code == 1
+    [line] = [line for line in out.splitlines() if "target 'greedy'" in line]
+    assert line.startswith(
+        "  ERROR: target 'greedy' (module test_cli_commands) claims cpu but has no kernel "
+        "builder for "
+    )
+    assert "tileops::GemmOp" in line and "tileops::SoftmaxFwdOp" not in line
+    assert "construct such ops with target=BUILTIN" in out

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 from dispatch_kit import INTERFACE, call, kernel, make_op
 
 from tileops import SoftmaxFwdOp
-from tileops.backend import default_target, register_detector, set_default_target
-from tileops.backend.registry import REGISTRY
+from tileops.backend import BackendError, default_target, register_detector, set_default_target
+from tileops.backend.registry import REGISTRY, Detector
 from tileops.provenance import Source
 from tileops.testing import isolated_registry, simulate_device
 
@@ -71,3 +72,57 @@ def test_a_simulation_forgets_only_its_own_devices_selections():
     assert (INTERFACE, cpu_call) in op._table.hits
     assert (INTERFACE, call("cuda:3")) not in op._table.hits  # stale once the simulation ends
     assert softmax._table.hits == before
+
+
+def detector_of(source: Source, target: str) -> Detector:
+    return Detector(target, lambda device: False, source)
+
+
+def add_detector(source: Source, target: str) -> None:
+    REGISTRY.add(("detector", target), detector_of(source, target), lambda e: AssertionError(e))
+
+
+def test_a_transaction_for_one_source_undoes_that_sources_entries_only():
+    """A backend whose import imported another backend's module and then failed undoes its own
+    registrations; the other's stay (and an outer transaction still undoes them)."""
+    mine, theirs = Source("failing-backend", "failing"), Source("imported-backend", "imported")
+    with isolated_registry():
+        with pytest.raises(RuntimeError, match="import failed"), REGISTRY.transaction(source=mine):
+            add_detector(mine, "mine")
+            add_detector(theirs, "theirs")
+            raise RuntimeError("import failed")
+        assert "theirs" in REGISTRY.targets() and "mine" not in REGISTRY.targets()
+    assert "theirs" not in REGISTRY.targets()
+
+
+def test_a_closed_source_loses_its_entries_and_is_refused_later():
+    failed = Source("failed-backend", "failed")
+    add_detector(failed, "failed")
+    refused = []
+
+    def refusal(slot):
+        refused.append(slot)
+        return BackendError(f"refused {slot}")
+
+    assert REGISTRY.close_source(failed, refusal) == 1
+    assert "failed" not in REGISTRY.targets()
+    with pytest.raises(BackendError, match=r"refused \('detector', 'late'\)"):
+        in_thread_raising(lambda: add_detector(failed, "late"))
+    with pytest.raises(BackendError, match=r"refused \('default',\)"):
+        REGISTRY.set_default_target("builtin", failed)
+    assert refused == [("detector", "late"), ("default",)] and "late" not in REGISTRY.targets()
+
+
+def in_thread_raising(action) -> None:
+    """Run `action` in another thread; re-raise here what it raised."""
+    raised = []
+
+    def run():
+        try:
+            action()
+        except Exception as exc:
+            raised.append(exc)
+
+    in_thread(run)
+    if raised:
+        raise raised[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -191,6 +192,44 @@ def test_a_target_without_a_builder_for_the_op_does_not_fall_back():
         OpNotAvailableError, match="registered no kernel builder for tileops::GemmOp"
     ):
         GemmOp()(torch.randn(2, 3), torch.randn(3, 4))
+
+
+@pytest.mark.parametrize(
+    ("settle", "why"),
+    [
+        ("claim", r"its detector claims cpu"),
+        ("argument", r"the op was constructed with target='fake'"),
+        ("default", r"it is the process default, set by module test_targets"),
+    ],
+)
+def test_a_target_without_a_builder_names_its_owner_why_and_both_ways_out(settle, why):
+    """The error says whose target it is, how the op came to settle there, and how to leave."""
+    softmax_target("fake", claims=lambda device: settle == "claim")
+    if settle == "default":
+        set_default_target("fake")
+    op = GemmOp(target="fake" if settle == "argument" else None)
+    with pytest.raises(OpNotAvailableError) as caught:
+        op(torch.randn(2, 3), torch.randn(3, 4))
+    message = str(caught.value)
+    assert re.search(
+        r"^tileops::GemmOp settled on target 'fake' \(module test_targets\), which registered "
+        rf"no kernel builder for tileops::GemmOp: {why}\. There is no fall-back",
+        message,
+    ), message
+    assert "construct the op with target='builtin' (its own kernels) or another target" in message
+    assert "change the process default with tileops.backend.set_default_target(...)" in message
+
+
+def test_a_detector_answering_anything_but_a_bool_is_a_backend_error():
+    """'no' is truthy: read as a claim it would settle every op on a target that never meant to
+    claim the device."""
+    register_detector(target="wishy", detect=lambda device: "no")
+    with pytest.raises(
+        BackendError,
+        match=r"detector of target 'wishy' \(module test_targets\) returned 'no' \(str\) for "
+        r"cpu; a detector must return a bool",
+    ):
+        SoftmaxFwdOp()(torch.randn(2, 2))
 
 
 def test_a_raising_detector_names_target_and_distribution():

@@ -32,6 +32,9 @@ DISTRIBUTIONS = {
     "interrupting": HERE / "fixtures" / "interrupting",
     "threaded": HERE / "fixtures" / "threaded",
     "fastnorm": HERE / "fixtures" / "fastnorm",
+    "borrower": HERE / "fixtures" / "borrower",
+    "late": HERE / "fixtures" / "late",
+    "setup": HERE / "fixtures" / "setup",
 }
 """Short name -> source tree of every distribution the tests install."""
 

@@ -127,7 +127,12 @@ def test_target_acme_serves_only_op_instances_that_opt_in(sites: Sites) -> None:
     )
     assert result["settled"] == ["builtin", "acme", "acme", "builtin"]
     assert result["close"]
-    assert "settled on target 'acme', which registered no kernel builder" in result["error"]
+    assert (
+        "settled on target 'acme' (acme-backend, entry point 'acme'), which registered no kernel "
+        "builder for tileops::RMSNormFwdOp: it is the process default, set by module __main__"
+    ) in result["error"]
+    assert "construct the op with target='builtin'" in result["error"]
+    assert "tileops.backend.set_default_target(...)" in result["error"]
 
 
 def test_the_readme_example_runs_and_its_explain_output_is_current(sites: Sites) -> None:

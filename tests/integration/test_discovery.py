@@ -116,3 +116,36 @@ def test_a_backend_imported_directly_first_still_loads_once_with_provenance(site
     assert result["order"].count("acme") == 1 and result["devices"] == [["cpu"]]
     assert result["failures"] == []
     assert "acme [acme-backend, entry point 'acme']: chosen" in result["explained"]
+
+
+SETUP = """
+warned = load_backends()
+import torch
+from tileops.backend import backends, load_failures
+from tileops.ops import SoftmaxCall, SoftmaxFwdOp
+call = SoftmaxCall(device=torch.device("cpu"), n=4, dtype=torch.float32)
+emit(
+    failures=load_failures(),
+    loaded=[b.entry_point for b in backends()],
+    key=SoftmaxFwdOp().key_for("softmax", call),
+    source=SoftmaxFwdOp().explain("softmax", call).winner_source,
+)
+"""
+
+
+def test_an_entry_point_naming_a_function_has_it_called(sites: Sites) -> None:
+    """`setup = "pkg:setup"`: the module registers nothing at import; its setup() does."""
+    result = sites.python(SETUP, dists=["setup"])
+    assert result["key"] == "setup"
+    assert result["source"] == "tileops-fixture-setup, entry point 'setup'"
+    assert "setup" in result["loaded"] and "notcallable" not in result["loaded"]
+
+
+def test_an_entry_point_naming_something_not_callable_fails_to_load(sites: Sites) -> None:
+    result = sites.python(SETUP, dists=["setup"])
+    assert result["failures"] == [
+        "notcallable (tileops-fixture-setup): BackendError: entry point 'notcallable' = "
+        "'tileops_fixture_setup.settings:SETUP' names SETUP, a str, which tileops cannot call; "
+        "name the module ('tileops_fixture_setup.settings') or a function in it that registers "
+        "the backend"
+    ]

@@ -3,6 +3,7 @@ its entry point, distribution and exception, and is mentioned by later dispatch 
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -209,3 +210,63 @@ def test_a_failed_backend_loses_what_its_worker_threads_registered(sites: Sites)
     assert result["key"] == "reference"
     [failure] = result["failures"]
     assert "threaded: simulated failure after a worker thread registered" in failure
+
+
+def test_a_backend_failing_after_importing_another_backend_undoes_only_its_own(
+    sites: Sites,
+) -> None:
+    """borrower (loaded first) imports acme's module, then fails: acme's kernel type and target,
+    registered inside borrower's load, are acme's, so they stay, and acme loads as usual."""
+    result = sites.python(AFTERMATH, dists=["acme", "borrower"], env={"TILEOPS_FIXTURE_FAIL": "1"})
+    assert result["failures"] == [
+        "aa_borrower (tileops-fixture-borrower): RuntimeError: borrower: simulated failure "
+        "after importing acme"
+    ]
+    assert "acme [acme-backend, entry point 'acme']: chosen" in result["explained"]
+    assert "borrower" not in result["explained"]
+    assert "acme" in result["targets"] and "acme" in result["loaded"]
+    assert "aa_borrower" not in result["loaded"]
+
+
+def test_keys_of_a_backend_another_one_imported_are_listed_as_its_own(sites: Sites) -> None:
+    listed = json.loads(sites.cli("list", "--json", dists=["acme", "borrower"]).stdout)
+    assert listed["load_failures"] == []
+    rms = next(op for op in listed["ops"] if op["name"] == "tileops::RMSNormFwdOp")
+    sources = {k["key"]: k["source"] for i in rms["interfaces"] for k in i["keys"]}
+    assert sources["acme"] == "acme-backend, entry point 'acme'"
+    assert sources["borrower"] == "tileops-fixture-borrower, entry point 'aa_borrower'"
+    [acme] = [t for t in listed["targets"] if t["name"] == "acme"]
+    assert acme["detector"] == "acme-backend, entry point 'acme'"
+    assert acme["serves"] == {"tileops::SoftmaxFwdOp": "acme-backend, entry point 'acme'"}
+
+
+LATE = """
+import threading
+raised = []
+threading.excepthook = lambda args: raised.append(f"{args.exc_type.__name__}: {args.exc_value}")
+warned = load_backends()
+for thread in threading.enumerate():
+    if thread is not threading.current_thread():
+        thread.join(timeout=20)
+import torch
+from tileops.backend import load_failures
+from tileops.ops import SoftmaxCall, SoftmaxFwdOp
+call = SoftmaxCall(device=torch.device("cpu"), n=4, dtype=torch.float32)
+emit(failures=load_failures(), raised=raised, key=SoftmaxFwdOp().key_for("softmax", call))
+"""
+
+
+def test_a_failed_backends_thread_registering_afterwards_is_refused_and_recorded(
+    sites: Sites,
+) -> None:
+    result = sites.python(LATE, dists=["late"])
+    assert result["key"] == "reference"  # LateSoftmax would win every CPU softmax
+    refusal = (
+        "BackendError: tileops-fixture-late, entry point 'late' failed to load (RuntimeError: "
+        "late: simulated failure; a thread of mine registers afterwards); its later "
+        "registration of kernel key 'late' of tileops::SoftmaxFwdOp is refused"
+    )
+    assert [r[: len(refusal)] for r in result["raised"]] == [refusal]
+    failure, refused = result["failures"]
+    assert failure.startswith("late (tileops-fixture-late): RuntimeError: late: simulated")
+    assert refused.startswith(f"late (tileops-fixture-late): {refusal}")

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from triton_kit import TOLERANCE, interpreted, rel_error
 
 from tileops.backend import TensorSpec, registered_targets, set_default_target
+from tileops.backend.registry import REGISTRY
 from tileops.errors import OpNotAvailableError
-from tileops.ops import GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
+from tileops.ops import BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
 from tileops.testing import isolated_registry
 from tileops_triton import target
 
@@ -112,3 +113,37 @@ def test_the_norm_and_gemm_kernels_write_the_output_buffers() -> None:
     product = torch.full((5, 4), float("nan"))
     target.build_gemm(TensorSpec.of(a), TensorSpec.of(b))(a, b, out=product)
     assert torch.equal(product, torch.zeros(5, 4))
+
+
+def test_on_rocm_the_target_builds_every_op_of_the_catalogue_its_detector_claims(monkeypatch):
+    """The detector claims ROCm's cuda devices for every op, and a call settled on a target
+    without a builder for its op raises: so the target must build them all (BatchNorm too)."""
+    from tileops.cli import claims
+
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133")
+    catalogue = [name for name in REGISTRY.known_ops if name.startswith("tileops::")]
+    assert "tileops::BatchNormFwdOp" in catalogue
+    cuda = torch.device("cuda:0")
+    assert REGISTRY.detectors[target.NAME].claims(cuda)
+    found = claims.check([(cuda, None)], catalogue)
+    assert found.unserved == [] and found.broken == {}
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("shape", [(4, 3, 5), (6, 3), (2, 3, 2, 2)])
+def test_batch_norm_on_the_target_is_served_by_the_ops_reference(training, shape) -> None:
+    x, weight, bias = torch.randn(shape), torch.randn(3), torch.randn(3)
+    mean, var = torch.randn(3), torch.rand(3) + 0.5
+    expected_mean, expected_var = mean.clone(), var.clone()
+    expected = F.batch_norm(x, expected_mean, expected_var, weight, bias, training, 0.2, 1e-3)
+    op = BatchNormFwdOp(3, eps=1e-3, momentum=0.2, training=training, target=target.NAME)
+    torch.testing.assert_close(op(x, weight, bias, mean, var), expected)
+    assert op.settled_target == target.NAME
+    torch.testing.assert_close((mean, var), (expected_mean, expected_var))
+
+
+def test_batch_norm_on_the_target_without_values_leaves_the_running_stats() -> None:
+    mean, var = torch.zeros(3), torch.ones(3)
+    out = BatchNormFwdOp(3, target=target.NAME)(torch.randn(0, 3, 4), None, None, mean, var)
+    assert out.shape == (0, 3, 4)
+    assert torch.equal(mean, torch.zeros(3)) and torch.equal(var, torch.ones(3))

@@ -277,7 +277,7 @@ class Op:
                     f"{failure_note()}".rstrip()
                 )
             return name
-        claims = [d for t, d in sorted(REGISTRY.detectors.items()) if _claims(d, device)]
+        claims = [d for t, d in sorted(REGISTRY.detectors.items()) if d.claims(device)]
         if len(claims) > 1:
             raise AmbiguousTargetError(
                 f"{type(self).op_name}: several targets claim {device}: "
@@ -290,11 +290,7 @@ class Op:
         op = type(self).op_name
         builder = REGISTRY.builder(type(self), target)
         if builder is None:
-            advice = f"Construct the op with target={BUILTIN!r} (or another target) instead."
-            raise OpNotAvailableError(
-                f"{op} settled on target {target!r}, which registered no kernel builder for "
-                f"{op}; there is no fall-back to other kernels. {advice} {failure_note()}".rstrip()
-            )
+            raise _no_builder(self, target, call.device)
         inputs = self._target_inputs(call)
         key = (
             target,
@@ -345,11 +341,26 @@ def _describe(contiguous: bool, dtype: torch.dtype, shape: Any, device: torch.de
     )
 
 
-def _claims(detector: Any, device: torch.device) -> bool:
-    try:
-        return bool(detector.detect(device))
-    except Exception as exc:
-        raise BackendError(
-            f"the detector of target {detector.target!r} ({detector.source}) raised "
-            f"{type(exc).__name__}: {exc} when asked about {device}"
-        ) from exc
+def _no_builder(op: Op, target: str, device: torch.device) -> OpNotAvailableError:
+    """The error of a call settled on a target that cannot build the op: who owns the target,
+    why the op settled there, and the two ways out."""
+    name = type(op).op_name
+    default, detector = REGISTRY.default, REGISTRY.detectors.get(target)
+    if op.target == target:
+        why = f"the op was constructed with target={target!r}"
+    elif default is not None and default.target == target:
+        why = f"it is the process default, set by {default.source}"
+    elif detector is not None:
+        why = f"its detector claims {device}"
+    else:
+        why = "the op settled on it on an earlier call, and keeps it"
+    owners = [str(detector.source)] if detector else []
+    owners += [str(b.source) for b in REGISTRY.builders() if b.target == target]
+    owner = f" ({owners[0]})" if owners else ""
+    return OpNotAvailableError(
+        f"{name} settled on target {target!r}{owner}, which registered no kernel builder for "
+        f"{name}: {why}. There is no fall-back to other kernels: construct the op with "
+        f"target={BUILTIN!r} (its own kernels) or another target, or change the process default "
+        f"with tileops.backend.set_default_target(...) (BUILTIN, or a target that builds {name})."
+        f" {failure_note()}".rstrip()
+    )

@@ -23,20 +23,37 @@ class Source:
         return f"{self.distribution}, entry point {self.entry_point!r}"
 
 
-# Set by the backend loader while it imports an entry point's module.
+# Set by the backend loader while it imports an entry point's module: the source of
+# registrations made by modules that belong to no entry point (a helper library a backend uses).
 loading_source: contextvars.ContextVar[Source | None] = contextvars.ContextVar(
     "tileops_loading_source", default=None
 )
 
 
-# Top-level module of each entry point the loader imported -> its source. A registration made
-# outside the loader by such a module (imported directly, or registering later) still names its
-# entry point.
+# Module of each installed entry point -> its source, filled before any backend loads: a
+# registration names the entry point whose module made it, whoever imported that module (another
+# backend, the user) and from whichever thread.
 _entry_point_modules: dict[str, Source] = {}
 
 
 def remember_entry_point(module: str, source: Source) -> None:
-    _entry_point_modules.setdefault(module.partition(".")[0], source)
+    _entry_point_modules.setdefault(module, source)
+
+
+def entry_point_of(module: str) -> Source | None:
+    """The entry point `module` belongs to: the one whose module is `module` or a package above
+    it, else the only one in its top-level package (or, of several, the one loading now)."""
+    name = module
+    while name:
+        if name in _entry_point_modules:
+            return _entry_point_modules[name]
+        name = name.rpartition(".")[0]
+    top = module.partition(".")[0]
+    sources = {s for m, s in _entry_point_modules.items() if m.partition(".")[0] == top}
+    if len(sources) == 1:
+        return sources.pop()
+    loading = loading_source.get()
+    return loading if loading in sources else None
 
 
 @functools.cache
@@ -45,29 +62,28 @@ def _distributions() -> dict[str, list[str]]:
 
 
 def source_of_module(module: str) -> Source:
-    """The distribution that ships `module`, or the module's own name if none does."""
-    top = module.partition(".")[0]
-    if top in _entry_point_modules:
-        return _entry_point_modules[top]
-    dists = _distributions().get(top)
+    """The entry point or distribution that ships `module`, or the module's own name if none."""
+    source = entry_point_of(module)
+    if source is not None:
+        return source
+    dists = _distributions().get(module.partition(".")[0])
     if not dists:
         return Source(f"module {module}")
     return Source(sorted(set(dists))[0])
 
 
 def caller_source(depth: int = 2) -> Source:
-    """Where a registration comes from: the backend being loaded, else the calling module.
+    """Where a registration comes from: the entry point whose module made it; for a module of
+    no entry point, the backend being loaded, else the module's distribution.
 
     Frames of tileops itself are skipped, so a registration that `tileops.testing` makes for a
     test names the test, not tileops-core.
     """
-    loading = loading_source.get()
-    if loading is not None:
-        return loading
     frame = sys._getframe(depth)
     while frame.f_back is not None and _is_core(frame.f_globals.get("__name__", "")):
         frame = frame.f_back
-    return source_of_module(frame.f_globals.get("__name__", "?"))
+    module = frame.f_globals.get("__name__", "?")
+    return entry_point_of(module) or loading_source.get() or source_of_module(module)
 
 
 def _is_core(module: str) -> bool:

@@ -15,7 +15,7 @@ from tileops.backend import (
     register_kernel_builder,
     register_kernel_type,
 )
-from tileops.ops import GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
+from tileops.ops import BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
 
 from . import target
 from .declare import DEVICES
@@ -51,3 +51,4 @@ register_kernel_builder(op=LayerNormFwdOp, target=target.NAME, build_kernel=targ
 register_kernel_builder(op=RMSNormFwdOp, target=target.NAME, build_kernel=target.build_rms_norm)
 register_kernel_builder(op=SoftmaxFwdOp, target=target.NAME, build_kernel=target.build_softmax)
 register_kernel_builder(op=GemmOp, target=target.NAME, build_kernel=target.build_gemm)
+register_kernel_builder(op=BatchNormFwdOp, target=target.NAME, build_kernel=target.build_batch_norm)

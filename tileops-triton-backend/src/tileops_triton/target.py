@@ -1,5 +1,7 @@
 """Target "triton": Triton kernels for every call of LayerNorm, RMSNorm, softmax and GEMM ops
-settled on it (`Op(..., target="triton")` or `set_default_target("triton")`).
+settled on it (`Op(..., target="triton")` or `set_default_target("triton")`), and BatchNorm,
+which Triton has no kernel for, through the op's torch reference kernels: the detector claims
+ROCm devices for every op, and a call settled on a target without a builder for its op raises.
 
 A target sees the op's signature: inputs of any leading shape (contiguous, on the call device),
 params by keyword, and output buffers to write. Each builder makes the call spec the op's own
@@ -16,7 +18,14 @@ import torch
 
 from tileops.backend import TensorSpec
 from tileops.errors import OpNotAvailableError
-from tileops.ops import GemmCall, LayerNormCall, RMSNormCall, SoftmaxCall
+from tileops.ops import (
+    BatchNormCall,
+    BatchNormFwdOp,
+    GemmCall,
+    LayerNormCall,
+    RMSNormCall,
+    SoftmaxCall,
+)
 from tileops.ops.norm.rms_norm import DEFAULT_EPS
 
 from .declare import DEVICES, INTERPRETING, dtype_refusal
@@ -99,6 +108,40 @@ def build_gemm(a: TensorSpec, b: TensorSpec) -> Callable[..., None]:
 
     def run(a, b, *, out, **execution):
         kernel.into(a, b, out)
+
+    return run
+
+
+def build_batch_norm(
+    x: TensorSpec,
+    weight: TensorSpec | None,
+    bias: TensorSpec | None,
+    running_mean: TensorSpec | None,
+    running_var: TensorSpec | None,
+    *,
+    num_features: int,
+    eps: float,
+    momentum: float,
+    training: bool,
+) -> Callable[..., None]:
+    """The op's own reference kernel of the interface `training` picks, on the op's canonical
+    (batch, channels, spatial) layout: so BatchNorm works wherever this target is settled."""
+    batch, spatial = x.shape[0], math.prod(x.shape[2:])
+    given = [t for t in (weight, bias, running_mean, running_var) if t is not None]
+    call = BatchNormCall(
+        device=x.device, batch=batch, channels=num_features, spatial=spatial, eps=eps,
+        momentum=momentum, dtype=x.dtype, has_weight=weight is not None,
+        has_bias=bias is not None, has_running_stats=running_mean is not None,
+        param_dtype=given[0].dtype if given else None,
+    )  # fmt: skip
+    key = "reference" if training else "reference_infer"
+    kernel = _built(BatchNormFwdOp.kernel_types[key], call)
+
+    def run(x, weight, bias, running_mean, running_var, *, out, **execution):
+        if batch * spatial == 0:  # nothing to normalize: the running stats stay as they are
+            return
+        x3 = x.view(batch, num_features, spatial)
+        out.view(x3.shape).copy_(kernel.forward(x3, weight, bias, running_mean, running_var))
 
     return run
 

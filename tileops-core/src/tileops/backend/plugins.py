@@ -1,10 +1,13 @@
 """Backend discovery: entry points in group `tileops.backends`, held by a pluggy PluginManager.
 
 Backends load once per process, in entry-point name order, the first time an op is constructed
-or the backend API is queried. Each import runs inside a registry transaction: a module whose
-import fails, or that was written for another protocol, leaves no registration behind and is
-recorded in `load_failures()`. Operators steer loading with TILEOPS_BACKENDS (allow list) and
-TILEOPS_DISABLE_BACKENDS (deny list), both comma-separated entry-point names.
+or the backend API is queried. An entry point names a module (imported) or a callable in one
+(`pkg:setup`: imported, then called). Each load runs inside a registry transaction: a backend
+whose load fails, or that was written for another protocol, leaves no registration of its own
+behind (what another backend's module registered meanwhile stays), registers nothing
+afterwards, and is recorded in `load_failures()`. Operators steer loading with
+TILEOPS_BACKENDS (allow list) and TILEOPS_DISABLE_BACKENDS (deny list), both comma-separated
+entry-point names.
 """
 
 from __future__ import annotations
@@ -121,6 +124,8 @@ class BackendLoader:
         deny = _names_from_env("TILEOPS_DISABLE_BACKENDS") or set()
         if not self._attempted:
             self._report_unknown_names(allow, deny, {ep.name for ep in found})
+        for ep in found:  # before any import: a backend may import another's module
+            remember_entry_point(ep.module, Source(_dist_name(ep), ep.name))
         for ep in found:
             if (ep.name, ep.value) in self._attempted:
                 continue  # resuming after a KeyboardInterrupt: this one was dealt with
@@ -157,14 +162,18 @@ class BackendLoader:
                 "which loaded first; one of the two distributions must rename its entry point",
             )
             return
-        remember_entry_point(ep.module, source)
         if _importing(ep.module):  # imported directly, and that import has not ended yet
             self._direct[ep.name] = (ep, source)
             return
+        self._load_module(ep, source)
+
+    def _load_module(self, ep: EntryPoint, source: Source) -> None:
+        """Import (or take the imported) module of `ep`, call its callable if it names one, and
+        register the module with pluggy; on any failure undo what this backend registered."""
         token = loading_source.set(source)
         try:
-            with REGISTRY.transaction():
-                module = ep.load()
+            with REGISTRY.transaction(source=source):
+                module = _enter(ep)
                 protocol = _check_protocol(module, source)
                 self._register(ep, module, protocol)
         except BaseException as exc:  # SystemExit too: it must not stop the other backends
@@ -195,18 +204,26 @@ class BackendLoader:
             if module is not None and _importing(ep.module):
                 continue
             del self._direct[name]
-            try:
-                if module is None:
-                    raise BackendError(
-                        f"importing {ep.module} (directly, before tileops loaded it) failed"
-                    )
-                self._register(ep, module, _check_protocol(module, source))
-            except Exception as exc:
-                self._undo(ep, source, f"{type(exc).__name__}: {exc}")
+            if module is None:
+                failed = f"importing {ep.module} (directly, before tileops loaded it) failed"
+                self._undo(ep, source, f"BackendError: {failed}")
+            else:
+                self._load_module(ep, source)
 
     def _undo(self, ep: EntryPoint, source: Source, error: str) -> None:
-        """Withdraw what a failed backend registered, from whichever thread, and record it."""
-        REGISTRY.withdraw_source(source)
+        """Withdraw what a failed backend registered, from whichever thread, refuse what it
+        registers later, and record it."""
+
+        def refusal(slot: tuple) -> BackendError:
+            refused = BackendError(
+                f"{source} failed to load ({error}); its later registration of "
+                f"{_describe_slot(slot)} is refused: a backend that failed leaves nothing "
+                "behind, also from its threads"
+            )
+            self._fail(ep.name, source.distribution, f"BackendError: {refused}")
+            return refused
+
+        REGISTRY.close_source(source, refusal)  # atomic with registrations from its threads
         self._fail(ep.name, source.distribution, error)
 
     def _register(self, ep: EntryPoint, module: Any, protocol: int | None) -> None:
@@ -237,6 +254,35 @@ class BackendLoader:
         failure = LoadFailure(entry_point, distribution, error)
         self.failures.append(failure)
         warnings.warn(f"tileops backend not loaded: {failure}", RuntimeWarning, stacklevel=4)
+
+
+def _enter(ep: EntryPoint) -> Any:
+    """The module of `ep`, imported; an entry point naming a callable (`pkg:setup`) has it
+    called with no arguments, as the backend's registration step."""
+    target = ep.load()
+    if ep.attr is None:
+        return target
+    if not callable(target):
+        raise BackendError(
+            f"entry point {ep.name!r} = {ep.value!r} names {ep.attr}, a "
+            f"{type(target).__name__}, which tileops cannot call; name the module "
+            f"({ep.module!r}) or a function in it that registers the backend"
+        )
+    target()
+    return sys.modules[ep.module]
+
+
+def _describe_slot(slot: tuple) -> str:
+    kind = slot[0]
+    if kind == "kernel":
+        return f"kernel key {slot[2]!r} of {slot[1].op_name}"
+    if kind == "detector":
+        return f"the detector of target {slot[1]!r}"
+    if kind == "builder":
+        return f"the builder of target {slot[2]!r} for {slot[1].op_name}"
+    if kind == "rule":
+        return f"the rule {slot[1]}"
+    return "the default target"
 
 
 def _check_protocol(module: Any, source: Source) -> int | None:

@@ -3,8 +3,9 @@
 Every entry lives in one slot table, keyed by what it registers, and knows its source. Every
 change bumps `generation`, so op classes know to rebuild their kernel tables. A transaction
 logs the changes made in its own context and can undo exactly those: a registration another
-thread makes meanwhile survives. Withdrawing a source removes everything one backend
-registered, from whichever thread: that is how a backend that fails halfway leaves no trace.
+thread makes meanwhile survives, and a backend's load undoes only its own changes. Closing a
+source removes everything one backend registered, from whichever thread, and refuses what it
+registers later: that is how a backend that fails halfway leaves no trace.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..errors import OpDefinitionError, UnknownOpError
+from ..errors import BackendError, OpDefinitionError, UnknownOpError
 from ..provenance import Source
 
 BUILTIN = "builtin"
@@ -42,6 +43,24 @@ class Detector:
     detect: Callable[[torch.device], bool]
     source: Source
 
+    def claims(self, device: torch.device) -> bool:
+        """Whether the target claims `device`; a detector that raises or answers anything but
+        a bool is the backend's bug, reported as such rather than read as a claim."""
+        try:
+            answer = self.detect(device)
+        except Exception as exc:
+            raise BackendError(
+                f"the detector of target {self.target!r} ({self.source}) raised "
+                f"{type(exc).__name__}: {exc} when asked about {device}"
+            ) from exc
+        if not isinstance(answer, bool):
+            raise BackendError(
+                f"the detector of target {self.target!r} ({self.source}) returned {answer!r} "
+                f"({type(answer).__name__}) for {device}; a detector must return a bool, True "
+                "to claim the device"
+            )
+        return answer
+
 
 @dataclass(frozen=True)
 class Builder:
@@ -60,6 +79,12 @@ class DefaultTarget:
 @dataclass
 class _Transaction:
     log: list[tuple[tuple, Any, Any]] = field(default_factory=list)  # (slot, old, new)
+    source: Source | None = None  # undo only the entries of this source (a backend's load)
+
+    def owns(self, entry: Any) -> bool:
+        """Whether undoing may touch the change that put `entry` in; a removal (None) only an
+        unfiltered transaction undoes."""
+        return self.source is None or getattr(entry, "source", None) == self.source
 
 
 _active: contextvars.ContextVar[_Transaction | None] = contextvars.ContextVar(
@@ -76,6 +101,7 @@ class Registry:
         self.generation = 0
         self.known_ops: dict[str, type] = {}  # unique op name -> op class
         self.lock = threading.RLock()
+        self._closed: dict[Source, Callable[[tuple], Exception]] = {}  # source -> its refusal
 
     # -- ops -----------------------------------------------------------------------------------
     def add_op(self, op_cls: type) -> None:
@@ -143,6 +169,20 @@ class Registry:
         default = self._slots.get(_DEFAULT)
         return None if default is None else default.target
 
+    @property
+    def default(self) -> DefaultTarget | None:
+        """The process default target and who set it, if anyone did."""
+        return self._slots.get(_DEFAULT)
+
+    def ops_without_builder(self, target: str) -> list[str]:
+        """Names of the ops that settle targets (those with a signature) for which `target` has
+        no builder: calls of them settled on `target` raise OpNotAvailableError."""
+        return sorted(
+            name
+            for name, op_cls in self.known_ops.items()
+            if op_cls.signature is not None and self.builder(op_cls, target) is None
+        )
+
     def targets(self) -> list[str]:
         named = set(self.detectors) | {b.target for b in self.builders()}
         return sorted(named)
@@ -151,6 +191,7 @@ class Registry:
     def add(self, slot: tuple, entry: Any, clash: Callable[[Any], Exception]) -> None:
         """Put `entry` in the empty `slot`, or raise `clash(existing)`."""
         with self.lock:
+            self._admit(slot, entry.source)
             existing = self._slots.get(slot)
             if existing is not None:
                 raise clash(existing)
@@ -158,6 +199,7 @@ class Registry:
 
     def set_default_target(self, target: str | None, source: Source) -> None:
         with self.lock:
+            self._admit(_DEFAULT, source)
             self._set(_DEFAULT, DefaultTarget(target, source))
 
     def withdraw_kernel_types(self, op: type) -> None:
@@ -174,6 +216,18 @@ class Registry:
             for slot in slots:
                 self._set(slot, None)
             return len(slots)
+
+    def close_source(self, source: Source, refusal: Callable[[tuple], Exception]) -> int:
+        """Withdraw everything `source` registered and refuse what it registers later (a thread
+        of a backend that failed to load): each such registration raises `refusal(slot)`."""
+        with self.lock:
+            self._closed[source] = refusal
+            return self.withdraw_source(source)
+
+    def _admit(self, slot: tuple, source: Source) -> None:
+        refusal = self._closed.get(source)
+        if refusal is not None:
+            raise refusal(slot)
 
     def bump(self) -> None:
         """Mark the tables stale without a registration (an operator rule changed)."""
@@ -192,16 +246,22 @@ class Registry:
             transaction.log.append((slot, old, entry))
 
     @contextlib.contextmanager
-    def transaction(self, *, always_undo: bool = False) -> Iterator[None]:
+    def transaction(
+        self, *, always_undo: bool = False, source: Source | None = None
+    ) -> Iterator[None]:
         """Undo the changes made in this context inside the block if it raises (or always, when
-        asked). Changes made by other threads meanwhile are left alone."""
+        asked). Changes made by other threads meanwhile are left alone; given a `source`, so are
+        the entries of other sources (a backend whose import imports another backend's module
+        undoes its own registrations only)."""
         outer = _active.get()
-        transaction = _Transaction()
+        transaction = _Transaction(source=source)
         token = _active.set(transaction)
         try:
             yield
         except BaseException:
-            self._undo(transaction)
+            kept = self._undo(transaction)
+            if outer is not None:  # what it left alone is still the outer one's to undo
+                outer.log.extend(kept)
             raise
         finally:
             _active.reset(token)
@@ -210,15 +270,21 @@ class Registry:
         elif outer is not None:
             outer.log.extend(transaction.log)
 
-    def _undo(self, transaction: _Transaction) -> None:
+    def _undo(self, transaction: _Transaction) -> list[tuple[tuple, Any, Any]]:
+        """Undo the changes `transaction` owns; return those it left alone."""
+        kept = []
         with self.lock:
-            for slot, old, new in reversed(transaction.log):
-                if self._slots.get(slot) is new:  # nobody changed it since: put back the old
+            for change in reversed(transaction.log):
+                slot, old, new = change
+                if not transaction.owns(new):
+                    kept.append(change)
+                elif self._slots.get(slot) is new:  # nobody changed it since: put back the old
                     if old is None:
                         self._slots.pop(slot, None)
                     else:
                         self._slots[slot] = old
             self.generation += 1
+        return kept[::-1]
 
 
 REGISTRY = Registry()

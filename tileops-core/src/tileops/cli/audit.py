@@ -11,6 +11,8 @@ per device: no field can matter to them.
 
 Devices: the CPU and `cuda:0` simulated as each `--arch` (see devices.py). A gap is a call that
 some key could run on that device yet none serves; a device no key runs on is listed, not a gap.
+A target whose detector claims one of these devices while it has no builder for an audited op
+is a finding too (every call of that op there would raise), as is a detector that breaks.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from ..kernel import Kernel
 from ..selection import TIED, Candidate, Judgement
 from ..signature import FLOAT_DTYPES
 from ..table import KernelTable, table_for
-from . import calls, devices
+from . import calls, claims, devices
 from .output import Outcome
 
 BASES = (1, 64, 4096)
@@ -126,6 +128,7 @@ def run(args: argparse.Namespace) -> Outcome:
     for op_cls in op_classes:
         audit_op(op_cls, targets, audit)
     selected = {op_cls.op_name for op_cls in op_classes}
+    audit_claims(targets, selected, audit)
     audit.notes += [str(h) for h in hints.installed_hints() if h.op in selected]
     return Outcome(render(audit, len(op_classes), targets), 1 if audit.findings else 0)
 
@@ -167,6 +170,20 @@ def audit_op(
             with devices.simulated(device, facts):
                 for fields in grid:
                     judge(table, interface, call_cls(device=device, **fields), where, label, audit)
+
+
+def audit_claims(
+    targets: list[tuple[torch.device, DeviceFacts | None]], ops: set[str], audit: Audit
+) -> None:
+    """Targets claiming a probed device without builders for some audited op, and detectors
+    that raise or answer no bool."""
+    found = claims.check(targets, ops)
+    for claim in found.unserved:
+        slot = ("unserved claim", claim.owner, "-")
+        audit.findings[slot] = Finding(*slot, [], claim.consequence())
+    for target, error in found.broken.items():
+        slot = ("broken", f"target {target!r}", "-")
+        audit.findings[slot] = Finding(*slot, [], error)
 
 
 def judge(

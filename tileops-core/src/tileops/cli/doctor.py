@@ -2,7 +2,8 @@
 
 Facts first (versions, GPUs, operator settings), then findings, each with a remedy. Problems
 that break dispatch for someone (a backend that failed to load, an op that cannot be
-constructed) make the exit status 1; suspicious declarations are warnings.
+constructed, a target claiming a device of this machine for ops it cannot build, a broken
+detector) make the exit status 1; suspicious declarations are warnings.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..backend.plugins import LOADER
 from ..backend.registry import REGISTRY
 from ..errors import KernelDeclarationError
 from ..table import table_for
+from . import claims
 from .output import Outcome
 
 PACKAGES = ("torch", "triton", "tilelang", "pluggy")
@@ -47,7 +49,8 @@ class Problem:
 
 def run(args: argparse.Namespace) -> Outcome:
     LOADER.ensure_loaded()
-    problems = [*load_problems(), *op_problems(), *hint_problems(), *log_problems()]
+    problems = [*load_problems(), *op_problems(), *claim_problems(), *hint_problems()]
+    problems += log_problems()
     lines = ["Versions:", *versions(), "GPUs:", *gpus(), "Settings:", *settings()]
     lines.append("Problems:" if problems else "Problems: none")
     lines += [p.render() for p in problems]
@@ -126,6 +129,23 @@ def op_problems() -> list[Problem]:
             remedy = "fix the kernel class the message names, or uninstall its backend"
             found.append(Problem(True, f"{name} cannot be constructed: {exc}", remedy))
     return found
+
+
+def claim_problems() -> list[Problem]:
+    """Targets claiming a device of this machine for ops they cannot build, and detectors
+    that break: calls settled there raise for everyone."""
+    here = [torch.device("cpu")]
+    if torch.cuda.is_available():
+        here += [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    found = claims.check([(device, None) for device in here])
+    remedy = (
+        "its backend must register builders for those ops or claim only devices it serves; "
+        "meanwhile construct such ops with target=BUILTIN, or call "
+        "tileops.backend.set_default_target(BUILTIN)"
+    )
+    problems = [Problem(True, f"{c.owner} {c.consequence()}", remedy) for c in found.unserved]
+    fix = "fix the detector (its backend's maintainers can); it must return True or False"
+    return problems + [Problem(True, error, fix) for error in found.broken.values()]
 
 
 def hint_problems() -> list[Problem]:
