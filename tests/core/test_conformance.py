@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tileops import Kernel, RMSNormFwdOp, SoftmaxFwdOp
+from tileops import BatchNormFwdOp, Kernel, RMSNormFwdOp, SoftmaxFwdOp
 from tileops.backend import register_detector, register_kernel_builder
+from tileops.ops import BatchNormInferInterface, SoftmaxInterface
 from tileops.ops.norm.rms_norm import RMSNormInterface
 from tileops.testing import check_conformance
 
@@ -64,3 +65,98 @@ def test_a_target_is_checked_through_its_builder(tileops_registry):
 def test_kernel_or_target_is_required():
     with pytest.raises(ValueError, match="exactly one of kernel"):
         check_conformance(SoftmaxFwdOp)
+
+
+# -- kernels that corrupt their inputs -------------------------------------------------------
+
+
+class ZeroingSoftmax(Kernel, SoftmaxInterface):
+    """Right result, but zeroes x (the caller's own tensor when it is already rows)."""
+
+    devices = {"cpu"}
+
+    def forward(self, x):
+        y = torch.softmax(x.float(), -1).to(x.dtype)
+        x.zero_()
+        return y
+
+
+class InPlaceSoftmax(Kernel, SoftmaxInterface):
+    """Right values, written into x and returned: the op's output is the caller's input."""
+
+    devices = {"cpu"}
+
+    def forward(self, x):
+        return x.copy_(torch.softmax(x.float(), -1))
+
+
+class DoublingRMSNorm(GoodRMSNorm):
+    """Right result, but doubles weight afterwards."""
+
+    def forward(self, x, weight):
+        y = super().forward(x, weight)
+        if weight is not None:
+            weight.mul_(2)
+        return y
+
+
+class StatsScribblingBatchNorm(Kernel, BatchNormInferInterface):
+    """Right result in inference, which only reads the running stats; it overwrites them."""
+
+    devices = {"cpu"}
+
+    def forward(self, x, weight, bias, running_mean, running_var):
+        y = torch.nn.functional.batch_norm(x, running_mean, running_var, weight, bias, False)
+        running_mean.zero_()
+        return y
+
+
+def details(report) -> list[str]:
+    return [m.detail for m in report.mismatches]
+
+
+def test_a_kernel_changing_an_input_the_op_does_not_write_is_a_mismatch():
+    report = check_conformance(SoftmaxFwdOp, kernel=("zeroing", ZeroingSoftmax))
+    assert not report.ok
+    assert "input 'x' was changed by the call; the op does not write it" in str(report)
+    report = check_conformance(RMSNormFwdOp, kernel=("doubling", DoublingRMSNorm))
+    assert "input 'weight' was changed by the call" in str(report)
+    assert all("'x'" not in d for d in details(report))
+
+
+def test_an_output_sharing_memory_with_an_input_is_a_mismatch():
+    report = check_conformance(SoftmaxFwdOp, kernel=("in_place", InPlaceSoftmax))
+    assert not report.ok
+    assert "output 0 shares memory with input 'x'" in str(report)
+
+
+def test_inputs_read_only_in_inference_must_stay_as_they_were():
+    """BatchNorm writes its running stats in training only: compared with the reference there,
+    and required unchanged in inference."""
+    report = check_conformance(BatchNormFwdOp, kernel=("scribbling", StatsScribblingBatchNorm))
+    assert report.checked and not report.ok
+    assert "input 'running_mean' was changed by the call; the op does not write it" in str(report)
+
+
+def test_written_inputs_are_compared_with_the_reference_not_required_unchanged():
+    """The training reference updates the running stats; a conforming kernel does the same."""
+
+    class ReferenceTrain(BatchNormFwdOp.kernel_types["reference"]):
+        general = False
+
+    report = check_conformance(BatchNormFwdOp, kernel=("train", ReferenceTrain))
+    assert report.ok, str(report)
+
+
+def test_a_target_corrupting_its_input_is_a_mismatch(tileops_registry):
+    def build(x, *, dim):
+        def kernel(x, *, out):
+            out.copy_(torch.softmax(x.float(), dim))
+            x.zero_()
+
+        return kernel
+
+    register_detector(target="zeroing", detect=lambda device: False)
+    register_kernel_builder(op=SoftmaxFwdOp, target="zeroing", build_kernel=build)
+    report = check_conformance(SoftmaxFwdOp, target="zeroing")
+    assert "input 'x' was changed by the call" in str(report)

@@ -8,6 +8,7 @@ import pickle
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -287,12 +288,39 @@ def test_batch_norm_checks_the_input_rank_as_torch():
         (lambda: tnn.BatchNorm2d(0), "'num_features'"),
         (lambda: tnn.BatchNorm2d(3, eps=-1e-5), "'eps'"),
         (lambda: tnn.Softmax(dim=1.5), "'dim'"),
+        (lambda: tnn.Softmax(dim=2**70), "'dim' must be an int in the int64 range"),
+        (
+            lambda: tnn.LayerNorm(2**64, elementwise_affine=False, bias=False),
+            r"'normalized_shape' must be .*\(at most 2\*\*63 - 1\)",
+        ),
         (lambda: tnn.Linear(3, 4, dtype=torch.complex64), "'weight' has dtype complex64"),
     ],
 )
 def test_bad_constructor_arguments_are_named(make, argument):
     with pytest.raises(OpConfigError, match=argument):
         make()
+
+
+NUMPY_INTS = {  # a case's integer arguments as numpy ints, which torch's modules accept
+    "rms_norm": {"normalized_shape": np.int64(6)},
+    "layer_norm_2d": {"normalized_shape": [np.int64(4), np.int32(6)], "eps": 1e-3},
+    "softmax_dim1": {"dim": np.int64(1)},
+    "batch_norm_1d": {"num_features": np.int64(3)},
+    "linear": {"in_features": np.int64(6), "out_features": np.int64(5)},
+}
+
+
+@pytest.mark.parametrize("name", NUMPY_INTS)
+def test_numpy_integer_arguments_work_as_in_torch(name):
+    torch_type, _, shapes = CASES[name]
+    theirs = torch_type(**NUMPY_INTS[name])
+    ours = ours_of(torch_type)(**NUMPY_INTS[name])
+    ours.load_state_dict(theirs.state_dict())
+    (out, grads), (expected, expected_grads) = run_both(ours, theirs, torch.randn(shapes[-1]))
+    torch.testing.assert_close(out, expected)
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want)
+    assert_same_state(ours, theirs)
 
 
 def test_batch_norm_eps_zero_fails_only_when_training_as_torch():

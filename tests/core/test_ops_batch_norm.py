@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -286,9 +287,11 @@ def test_one_value_per_channel_is_fine_in_inference():
 
 
 BAD_CONFIGS = [
-    ({"num_features": 0}, "'num_features' must be an int >= 1, got 0"),
+    ({"num_features": 0}, r"'num_features' must be an int >= 1 \(at most 2\*\*63 - 1\), got 0"),
     ({"num_features": 3.0}, "'num_features' must be an int >= 1"),
     ({"num_features": True}, "'num_features' must be an int >= 1"),
+    ({"num_features": np.bool_(True)}, "'num_features' must be an int >= 1"),
+    ({"num_features": 2**63}, r"'num_features' must be an int >= 1 \(at most 2\*\*63 - 1\)"),
     ({"num_features": C, "eps": -1.0}, "'eps' must be a finite number >= 0"),
     ({"num_features": C, "eps": None}, "'eps' must be a finite number >= 0, got None"),
     ({"num_features": C, "momentum": None}, "'momentum' must be a float in \\[0, 1\\], got None"),
@@ -304,6 +307,12 @@ BAD_CONFIGS = [
 def test_bad_config_names_the_parameter(kwargs, match):
     with pytest.raises(OpConfigError, match=f"BatchNormFwdOp: parameter {match}"):
         BatchNormFwdOp(**kwargs)
+
+
+def test_num_features_takes_any_integer_torch_takes():
+    op = BatchNormFwdOp(np.int64(C))
+    assert type(op.num_features) is int and op.num_features == C
+    check_against_torch(op, inputs((4, C, 5)))
 
 
 def test_signature_follows_training():

@@ -10,7 +10,14 @@ from op_helpers import randn
 
 import tileops
 import tileops.ops
-from tileops import BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
+from tileops import (
+    BatchNormFwdOp,
+    GemmOp,
+    LayerNormFwdOp,
+    OpInputError,
+    RMSNormFwdOp,
+    SoftmaxFwdOp,
+)
 from tileops.call import CallSpec
 from tileops.testing import simulate_device
 
@@ -68,3 +75,40 @@ def test_sample_cases_run(op_cls):
     for case in cases:
         out = op_cls(**case.params)(*case.inputs)
         assert out.dtype == torch.float32 and out.isfinite().all()
+
+
+NOT_DENSE = {  # a tensor of the same values in another layout, and the name errors give it
+    "sparse_coo": (lambda t: t.to_sparse(), "sparse_coo"),
+    "sparse_csr": (lambda t: t.reshape(t.shape[0], -1).to_sparse_csr(), "sparse_csr"),
+    "nested": (lambda t: torch.nested.nested_tensor(list(t.reshape(-1, t.shape[-1]))), "nested"),
+    "jagged": (
+        lambda t: torch.nested.nested_tensor(list(t.reshape(-1, t.shape[-1])), layout=torch.jagged),
+        "nested",
+    ),
+}
+TENSOR_ARGS = [
+    (op_cls, position)
+    for op_cls in OPS
+    for position, t in enumerate(ARGS[op_cls][1])
+    if t is not None
+]
+
+
+@pytest.mark.filterwarnings("ignore:.*(sparse|nested|Sparse).*:UserWarning")
+@pytest.mark.parametrize("layout", NOT_DENSE)
+@pytest.mark.parametrize(
+    "op_cls, position", TENSOR_ARGS, ids=[f"{c.__name__}-{p}" for c, p in TENSOR_ARGS]
+)
+def test_sparse_and_nested_tensors_are_refused_by_name(op_cls, position, layout):
+    """Refused on a verdict hit too: a sparse tensor has the shape and dtype of a dense one."""
+    params, args = ARGS[op_cls]
+    op = op_cls(*params)
+    op(*args)  # the dense layout's verdict is remembered
+    convert, name = NOT_DENSE[layout]
+    bad = list(args)
+    bad[position] = convert(args[position])
+    argument = op.signature.inputs[position].name
+    with pytest.raises(
+        OpInputError, match=rf"argument '{argument}' is a {name} tensor; tileops ops take dense"
+    ):
+        op(*bad)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -193,11 +194,39 @@ def test_layer_norm_bias_is_checked_like_weight():
         RMSNormFwdOp(8)(randn(2, 8), W, W)
 
 
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("weight_is_float32", [True, False])
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["eager", "autograd"])
+def test_layer_norm_weight_and_bias_share_one_dtype(half, weight_is_float32, requires_grad):
+    """Each may be x's dtype or float32, but not one of each: F.layer_norm refuses the mix,
+    and the call spec's one `param_dtype` could not describe it to a kernel."""
+    x = randn(2, 8, dtype=half).requires_grad_(requires_grad)
+    wide, narrow = randn(8), randn(8, dtype=half)
+    weight, bias = (wide, narrow) if weight_is_float32 else (narrow, wide)
+    w, b = (str(t.dtype).removeprefix("torch.") for t in (weight, bias))
+    with pytest.raises(
+        OpInputError,
+        match=rf"LayerNormFwdOp\(\): argument 'bias' has dtype {b}, but 'weight' has dtype {w}; "
+        rf"expected 'bias' in {w} \(weight, bias must share one dtype when given\)",
+    ):
+        LayerNormFwdOp(8)(x, weight, bias)
+
+
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+def test_layer_norm_params_of_one_dtype_still_pass(half):
+    x = randn(2, 8, dtype=half)
+    for weight, bias in [(randn(8), randn(8)), (None, randn(8)), (randn(8, dtype=half), None)]:
+        assert_matches(LayerNormFwdOp(8)(x, weight, bias), F.layer_norm(x, (8,), weight, bias))
+
+
 BAD_CONFIGS = [
     ({"normalized_shape": ()}, "'normalized_shape' must be an int or a non-empty sequence"),
     ({"normalized_shape": (4, -1)}, "'normalized_shape' must be"),
     ({"normalized_shape": 2.0}, "'normalized_shape' must be"),
     ({"normalized_shape": (True,)}, "'normalized_shape' must be"),
+    ({"normalized_shape": (np.bool_(True),)}, "'normalized_shape' must be"),
+    ({"normalized_shape": 2**63}, r"sequence of ints >= 0 \(at most 2\*\*63 - 1\), got 9223"),
+    ({"normalized_shape": (4, 2**64)}, r"'normalized_shape' must be"),
     ({"normalized_shape": "8"}, "'normalized_shape' must be"),
     ({"normalized_shape": 8, "eps": -1e-5}, r"'eps' must be a finite number >= 0"),
     ({"normalized_shape": 8, "eps": float("nan")}, r"'eps' must be a finite number >= 0"),
@@ -211,6 +240,18 @@ BAD_CONFIGS = [
 def test_bad_config_names_the_parameter(name, kwargs, match):
     with pytest.raises(OpConfigError, match=match):
         NORMS[name][0](**kwargs)
+
+
+@pytest.mark.parametrize("name", NORMS)
+@pytest.mark.parametrize(
+    "normalized_shape", [np.int64(8), (np.int64(2), np.int32(4)), torch.Size([8])], ids=repr
+)
+def test_normalized_shape_takes_any_integers_torch_takes(name, normalized_shape):
+    """numpy's ints too (torch.nn.LayerNorm(np.int64(8)) works), kept as Python ints."""
+    op, params = make(name, normalized_shape)
+    assert all(type(d) is int for d in op.normalized_shape)
+    x = randn(3, *op.normalized_shape)
+    assert_matches(op(x, *params), expected(name, op, x, *params))
 
 
 def test_eps_none_is_only_for_rms_norm():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -134,10 +135,32 @@ def test_unexpected_arguments():
         SoftmaxFwdOp()(randn(3), randn(3))
 
 
-@pytest.mark.parametrize("dim", [1.0, True, "0", None])
+@pytest.mark.parametrize("dim", [1.0, True, "0", None, np.bool_(True), 2**70, -(2**63) - 1])
 def test_bad_config_names_the_parameter(dim):
-    with pytest.raises(OpConfigError, match=r"SoftmaxFwdOp: parameter 'dim' must be an int"):
+    with pytest.raises(
+        OpConfigError,
+        match=r"SoftmaxFwdOp: parameter 'dim' must be an int in the int64 range "
+        r"\[-2\*\*63, 2\*\*63 - 1\]",
+    ):
         SoftmaxFwdOp(dim)
+
+
+@pytest.mark.parametrize("dim", [np.int64(1), np.int32(-1), torch.tensor(1)], ids=repr)
+def test_dim_takes_any_integer_torch_takes(dim):
+    """As torch.softmax: integers of any type with `__index__`, kept as a Python int."""
+    op = SoftmaxFwdOp(dim)
+    assert type(op.dim) is int and op.dim == int(dim)
+    x = randn(3, 4)
+    assert_matches(op(x), torch.softmax(x, int(dim)))
+    assert_matches(op(x.requires_grad_()), torch.softmax(x, int(dim)))  # the operator's int
+
+
+@pytest.mark.parametrize("dim", [2**63 - 1, -(2**63)])
+def test_an_int64_dim_is_checked_against_the_rank_at_call_time(dim):
+    op = SoftmaxFwdOp(dim)
+    for x in (randn(3, 4), randn(3, 4).requires_grad_()):
+        with pytest.raises(OpInputError, match=rf"dim {dim} is out of range for argument 'x'"):
+            op(x)
 
 
 def test_explain_chooses_the_reference():

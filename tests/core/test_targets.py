@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tileops import BUILTIN, BatchNormFwdOp, GemmOp, RMSNormFwdOp, SoftmaxFwdOp
+from tileops import BUILTIN, BatchNormFwdOp, GemmOp, Op, RMSNormFwdOp, SoftmaxFwdOp
 from tileops.backend import (
     AmbiguousTargetError,
     BackendError,
@@ -21,6 +21,7 @@ from tileops.backend import (
     set_default_target,
 )
 from tileops.errors import OpInputError, OpNotAvailableError
+from tileops.signature import Input, Output, Signature
 from tileops.testing import isolated_registry
 
 
@@ -41,10 +42,10 @@ class Recorder:
     def __call__(self, *specs, **params):
         self.builds.append((specs, params))
 
-        def kernel(*inputs, **outputs):
+        def kernel(*inputs, **outputs):  # takes `out` through **outputs: returns it
             self.calls.append((inputs, outputs))
             (buffer,) = outputs.values()
-            buffer.copy_(self.compute(*inputs, **params))
+            return buffer.copy_(self.compute(*inputs, **params))
 
         return kernel
 
@@ -289,3 +290,164 @@ def test_two_threads_settle_one_target_and_build_once():
     for t in threads:
         t.join()
     assert len(builds) == 1 and op.settled_target == "fake"
+
+
+# -- what a target kernel returns (backends.md, "The target contract") ---------------------
+
+
+def softmax_kernel(kernel, name="fake"):
+    """Target `name` for SoftmaxFwdOp whose builder returns `kernel(x, dim)`."""
+    register_detector(target=name, detect=lambda device: False)
+    register_kernel_builder(op=SoftmaxFwdOp, target=name, build_kernel=lambda x, *, dim: kernel)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["eager", "autograd"])
+def test_a_kernel_returning_its_result_is_used_even_if_it_ignores_out(requires_grad):
+    """Upstream TileOPs' kernels return their result; the buffer it never wrote is dropped."""
+    results = []
+
+    def kernel(x, **execution):
+        results.append(torch.softmax(x.detach(), -1))
+        return results[-1]
+
+    softmax_kernel(kernel)
+    x = torch.randn(3, 5).requires_grad_(requires_grad)
+    y = SoftmaxFwdOp(target="fake")(x)
+    assert y is results[0] or (requires_grad and torch.equal(y, results[0]))
+    torch.testing.assert_close(y, torch.softmax(x, -1))
+
+
+def test_a_kernel_naming_out_and_returning_none_has_written_it():
+    buffers = []
+
+    def kernel(x, *, out):
+        buffers.append(out.copy_(torch.softmax(x, -1)))
+
+    softmax_kernel(kernel)
+    x = torch.randn(3, 5)
+    assert SoftmaxFwdOp(target="fake")(x) is buffers[0]
+
+
+class Opaque:
+    """A kernel whose signature Python cannot read (as some extension callables)."""
+
+    @property
+    def __signature__(self):
+        raise ValueError("no signature")
+
+    def __call__(self, x, *, out):
+        out.copy_(torch.softmax(x, -1))
+
+
+@pytest.mark.parametrize(
+    "kernel, why",
+    [
+        (lambda x, **buffers: None, r"only through \*\*kwargs"),
+        (lambda *args, **buffers: None, r"only through \*\*kwargs"),
+        (Opaque(), r"only through \*\*kwargs \(or has a signature Python cannot read\)"),
+    ],
+    ids=["kwargs", "args and kwargs", "unreadable signature"],
+)
+def test_a_none_from_a_kernel_not_naming_out_is_an_error(kernel, why):
+    """Never uninitialised memory: such a kernel may not have looked at the buffer at all."""
+    softmax_kernel(kernel)
+    with pytest.raises(
+        BackendError,
+        match=r"the kernel of target 'fake' \[module test_targets\] for tileops::SoftmaxFwdOp "
+        rf"returned None, but takes its output buffers \(out\) {why}.*return the result, or "
+        r"name out as parameters of the kernel",
+    ):
+        SoftmaxFwdOp(target="fake")(torch.randn(3, 5))
+
+
+X = torch.randn(3, 5)
+BAD_RETURNS = [
+    (
+        "int",
+        lambda x, **b: 0,
+        r"returned int 0; expected None \(having written out in place\) "
+        r"or a tensor \(out\)",
+    ),
+    ("tuple", lambda x, **b: (torch.softmax(x, -1),), r"returned tuple \(tensor\("),
+    (
+        "shape",
+        lambda x, **b: torch.softmax(x, -1)[:2],
+        r"returned for output 'out' a contiguous float32 tensor of shape \[2, 5\] on cpu, but "
+        r"the op's signature expects a contiguous float32 tensor of shape \[3, 5\] on cpu",
+    ),
+    ("dtype", lambda x, **b: torch.softmax(x, -1).double(), r"float64 tensor of shape \[3, 5\]"),
+    ("device", lambda x, **b: torch.empty(3, 5, device="meta"), r"shape \[3, 5\] on meta"),
+    (
+        "strides",
+        lambda x, **b: torch.softmax(x, -1).t().contiguous().t(),
+        r"a non-contiguous float32 tensor of shape \[3, 5\]",
+    ),
+    (
+        "input",
+        lambda x, **b: x.copy_(torch.softmax(x, -1)),
+        r"returned for output 'out' a tensor sharing memory with its input 'x'",
+    ),
+    ("view of input", lambda x, **b: x.view(3, 5), r"sharing memory with its input 'x'"),
+]
+
+
+@pytest.mark.parametrize(
+    "kernel, match", [c[1:] for c in BAD_RETURNS], ids=[c[0] for c in BAD_RETURNS]
+)
+def test_a_wrong_return_is_an_error_naming_the_target(kernel, match):
+    softmax_kernel(kernel)
+    with pytest.raises(BackendError, match=r"the kernel of target 'fake' \[module test_targets\]"):
+        SoftmaxFwdOp(target="fake")(X.clone())
+    with pytest.raises(BackendError, match=match):
+        SoftmaxFwdOp(target="fake")(X.clone())
+
+
+class RowRangeOp(Op):
+    """Two outputs, for targets only: each row's min and max."""
+
+    signature = Signature(
+        (Input("x", ("rows", "n")),),
+        (),
+        (
+            Output("low", shape=("rows",), dtype_of="x"),
+            Output("high", shape=("rows",), dtype_of="x"),
+        ),
+    )
+
+
+def row_range_target(kernel, name="fake"):
+    register_detector(target=name, detect=lambda device: False)
+    register_kernel_builder(op=RowRangeOp, target=name, build_kernel=lambda x: kernel)
+    return RowRangeOp(target=name)
+
+
+def test_several_outputs_are_returned_as_a_tuple_in_signature_order():
+    x = torch.randn(4, 6)
+    low, high = row_range_target(lambda x, **buffers: (x.amin(-1), x.amax(-1)))(x)
+    assert torch.equal(low, x.amin(-1)) and torch.equal(high, x.amax(-1))
+
+    def kernel(x, *, low, high):
+        low.copy_(x.amin(-1))
+        high.copy_(x.amax(-1))
+
+    assert torch.equal(row_range_target(kernel, "in place")(x)[1], x.amax(-1))
+
+
+@pytest.mark.parametrize(
+    "kernel, match",
+    [
+        (
+            lambda x, **b: x.amin(-1),
+            r"returned Tensor tensor\(.*expected None \(having written "
+            r"low, high in place\) or a tuple of 2 tensors \(low, high\)",
+        ),
+        (lambda x, **b: [x.amin(-1), x.amax(-1)], r"returned list \[tensor"),
+        (lambda x, **b: (x.amin(-1), None), r"returned tuple \(tensor"),
+        (lambda x, **b: (x.amin(-1), x.amax(-1)[:1]), r"returned for output 'high' a contiguous"),
+        (lambda x, *, low, **b: None, r"returned None, but takes its output buffers \(low, high\)"),
+    ],
+    ids=["one tensor", "list", "None in the tuple", "wrong shape", "one buffer named"],
+)
+def test_several_outputs_need_a_tuple_of_fitting_tensors(kernel, match):
+    with pytest.raises(BackendError, match=match):
+        row_range_target(kernel)(torch.randn(4, 6))

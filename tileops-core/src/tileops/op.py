@@ -6,6 +6,7 @@ The op's own path is `forward`, which picks a kernel interface by semantics and 
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
@@ -297,24 +298,30 @@ class Op:
             call.device,
             tuple(None if t is None else (t.dtype, t.shape) for t in inputs),
         )
-        kernel = self._target_kernels.get(key)
-        if kernel is None:
-            kernel = self._build_target_kernel(builder, key, inputs)
+        built = self._target_kernels.get(key)
+        if built is None:
+            built = self._build_target_kernel(builder, key, inputs)
+        kernel, names_outputs = built
         outputs = self.signature.make_outputs(call)
         try:
-            kernel(*inputs, **outputs)
+            returned = kernel(*inputs, **outputs)
         except Exception as exc:
-            note = f"raised by the kernel of target {target!r} [{builder.source}] for {op}"
-            add_note(exc, note)
+            add_note(exc, f"raised by the kernel of target {target!r} [{builder.source}] for {op}")
             raise
-        return self._result(outputs)
+        if returned is None and names_outputs:  # it wrote the buffers it takes by name
+            return self._result(outputs)
+        where = f"the kernel of target {target!r} [{builder.source}] for {op}"
+        named_inputs = dict(zip(self.signature.names, inputs, strict=True))
+        return self._result(_returned_outputs(where, returned, outputs, named_inputs))
 
     def _build_target_kernel(
         self, builder: Any, key: tuple, inputs: tuple[torch.Tensor | None, ...]
-    ) -> Callable[..., Any]:
+    ) -> tuple[Callable[..., Any], bool]:
+        """The kernel built for `key`, and whether its signature names every output buffer
+        (what lets a None it returns mean "written", see `_returned_outputs`)."""
         with self._target_lock:
-            kernel = self._target_kernels.get(key)
-            if kernel is None:
+            built = self._target_kernels.get(key)
+            if built is None:
                 specs = [None if t is None else TensorSpec.of(t) for t in inputs]
                 try:
                     kernel = builder.build_kernel(*specs, **self.params())
@@ -322,8 +329,10 @@ class Op:
                     note = f"raised by build_kernel of target {builder.target!r} [{builder.source}]"
                     add_note(exc, f"{note} for {builder.op.op_name} on {specs}")
                     raise
-                remember(self._target_kernels, key, kernel, HIT_LIMIT)
-            return kernel
+                names = [out.name for out in self.signature.outputs]
+                built = kernel, _names_every_output(kernel, names)
+                remember(self._target_kernels, key, built, HIT_LIMIT)
+            return built
 
     def _target_inputs(self, call: BoundCall) -> tuple[torch.Tensor | None, ...]:
         """Inputs as a target sees them: those the op does not write made contiguous (written
@@ -332,6 +341,82 @@ class Op:
             t if t is None or spec.written else t.contiguous()
             for spec, t in zip(self.signature.inputs, call.tensors, strict=True)
         )
+
+
+def _names_every_output(kernel: Callable[..., Any], names: list[str]) -> bool:
+    """Whether `kernel` takes each output buffer by its name: only then is a None it returns
+    taken to mean it wrote them. One that takes them through `**kwargs` alone may never look at
+    them, and a buffer it did not write is uninitialised memory; nothing after the call can
+    tell (a GPU kernel writes memory torch does not see). An unreadable signature names none."""
+    try:
+        parameters = inspect.signature(kernel).parameters
+    except (TypeError, ValueError):
+        return False
+    by_name = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return all(n in parameters and parameters[n].kind in by_name for n in names)
+
+
+def _returned_outputs(
+    where: str, returned: Any, buffers: dict[str, torch.Tensor], inputs: dict[str, Any]
+) -> dict[str, torch.Tensor]:
+    """The outputs a target kernel returned, in place of the buffers it was handed: a tensor
+    (a tuple of them, in signature order, for several outputs), each of its buffer's shape,
+    dtype and device, contiguous, and sharing no memory with an input."""
+    names = list(buffers)
+    if returned is None:
+        raise BackendError(
+            f"{where} returned None, but takes its output buffers ({', '.join(names)}) only "
+            "through **kwargs (or has a signature Python cannot read), so nothing says it wrote "
+            f"them: return the result, or name {', '.join(names)} as parameters of the kernel "
+            "(`def kernel(x, *, out)`) and write them in place"
+        )
+    results = (returned,) if len(names) == 1 else returned
+    if not (
+        isinstance(results, tuple)
+        and len(results) == len(names)
+        and all(isinstance(r, torch.Tensor) for r in results)
+    ):
+        expected = "a tensor" if len(names) == 1 else f"a tuple of {len(names)} tensors"
+        raise BackendError(
+            f"{where} returned {_shown(returned)}; expected None (having written "
+            f"{', '.join(names)} in place) or {expected} ({', '.join(names)})"
+        )
+    for name, result in zip(names, results, strict=True):
+        if result is not buffers[name]:
+            _check_returned(where, name, result, buffers[name], inputs)
+    return dict(zip(names, results, strict=True))
+
+
+def _check_returned(
+    where: str, name: str, result: torch.Tensor, buffer: torch.Tensor, inputs: dict[str, Any]
+) -> None:
+    if not (
+        result.shape == buffer.shape
+        and result.dtype == buffer.dtype
+        and result.device == buffer.device
+        and result.is_contiguous()
+    ):
+        got = _describe(result.is_contiguous(), result.dtype, result.shape, result.device)
+        expected = _describe(True, buffer.dtype, buffer.shape, buffer.device)
+        raise BackendError(
+            f"{where} returned for output {name!r} {got}, but the op's signature expects "
+            f"{expected} (the buffer it was handed)"
+        )
+    storage = _storage(result)
+    shared = [n for n, t in inputs.items() if t is not None and _storage(t) == storage]
+    if storage and shared:
+        raise BackendError(
+            f"{where} returned for output {name!r} a tensor sharing memory with its input "
+            f"{shared[0]!r}; return a new tensor, or write the output buffer it was handed"
+        )
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _shown(value: Any) -> str:
+    return f"{type(value).__name__} {value!r}"[:120]
 
 
 def _describe(contiguous: bool, dtype: torch.dtype, shape: Any, device: torch.device) -> str:

@@ -9,7 +9,9 @@ Shape patterns are tuples of dims: an int is exact; a name binds a size that mus
 inputs (pre-bound when a param has that name); `"*name"` expands a tuple param; one `"..."`,
 anywhere, matches any number of dims (leading batch dims, or BatchNorm's trailing spatial
 dims). Dtypes may name another input: `"x"` means "same dtype as x", `"float32 or x"` also
-allows float32 parameters beside a 16-bit x (mixed precision).
+allows float32 parameters beside a 16-bit x (mixed precision); `same_dtype` groups inputs
+that, when given, must share one dtype (LayerNorm's weight and bias: both x's, or both float32).
+Inputs are dense (strided) tensors: sparse and nested ones are refused by name.
 """
 
 from __future__ import annotations
@@ -99,11 +101,13 @@ class Signature:
         inputs: tuple[Input, ...],
         params: tuple[str, ...] | Mapping[str, str],
         outputs: tuple[Output, ...],
+        same_dtype: tuple[tuple[str, ...], ...] = (),
     ) -> None:
         self.inputs = inputs
         self.params = tuple(params)
         self.param_types = dict(params) if isinstance(params, Mapping) else None
         self.outputs = outputs
+        self.same_dtype = same_dtype
         self.names = tuple(i.name for i in inputs)
         self._positions = {name: k for k, name in enumerate(self.names)}
         self._must_stay_contiguous = tuple(i.written and i.contiguous for i in inputs)
@@ -125,6 +129,9 @@ class Signature:
             ref = out.like if out.like is not None else out.dtype_of
             if ref not in self._positions:
                 raise ValueError(f"signature output {out.name!r} refers to unknown input {ref!r}")
+        unknown = [n for group in self.same_dtype for n in group if n not in self._positions]
+        if unknown:
+            raise ValueError(f"signature same_dtype names unknown inputs {unknown}")
 
     # -- parsing and checks ------------------------------------------------------------------
     def plan(self, params: Mapping[str, Any]) -> ShapePlan:
@@ -144,16 +151,24 @@ class Signature:
                 [
                     None
                     if v is None
-                    else (v.shape, v.dtype, v.device, v.requires_grad, w and v.is_contiguous())
+                    else (
+                        v.shape,
+                        v.dtype,
+                        v.device,
+                        v.layout,
+                        v.requires_grad,
+                        w and v.is_contiguous(),
+                    )
                     for v, w in zip(values, self._must_stay_contiguous, strict=False)
                 ]
             )
             known = plan.verdicts.get(key)
-        except AttributeError:  # not a tensor: the checks below say which argument
+        except (AttributeError, RuntimeError):  # not a dense tensor: the checks below say which
             key, known = None, None
         if known is not None:
             return _new_bound_call(BoundCall, (values, *known))
         device = self._check_tensors(op, values)
+        self._check_same_dtype(op, values)
         sizes = self._check_shapes(op, values, plan)
         requires_grad = any(v is not None and v.requires_grad for v in values)
         verdict = (device, sizes, self._all_written_empty(values, sizes), requires_grad)
@@ -196,6 +211,12 @@ class Signature:
                 raise OpInputError(
                     f"{op}(): argument {spec.name!r} must be a torch.Tensor, "
                     f"got {type(value).__name__}"
+                )
+            if value.layout is not torch.strided or value.is_nested:
+                layout = "nested" if value.is_nested else str(value.layout).removeprefix("torch.")
+                raise OpInputError(
+                    f"{op}(): argument {spec.name!r} is a {layout} tensor; tileops ops take dense "
+                    "tensors only (convert it with .to_dense(), or .to_padded_tensor() if nested)"
                 )
             self._check_dtype(op, spec, value, values)
             if spec.written and spec.contiguous and not value.is_contiguous():
@@ -245,6 +266,21 @@ class Signature:
             f"{op}(): argument {spec.name!r} has dtype {str(value.dtype).replace('torch.', '')}, "
             f"expected {names}"
         )
+
+    def _check_same_dtype(self, op: str, values: tuple) -> None:
+        """Inputs of one `same_dtype` group that are given agree on their dtype (a mix would
+        leave a kernel reading the call spec's one parameter dtype misreading the others)."""
+        for group in self.same_dtype:
+            given = [(n, values[self._positions[n]]) for n in group]
+            dtypes = [(n, v.dtype) for n, v in given if v is not None]
+            for name, dtype in dtypes[1:]:
+                first, want = dtypes[0]
+                if dtype != want:
+                    raise OpInputError(
+                        f"{op}(): argument {name!r} has dtype {_dtype_name(dtype)}, but {first!r} "
+                        f"has dtype {_dtype_name(want)}; expected {name!r} in {_dtype_name(want)} "
+                        f"({', '.join(group)} must share one dtype when given)"
+                    )
 
     def _check_shapes(self, op: str, values: tuple, plan: ShapePlan) -> dict[str, int]:
         sizes = dict(plan.sizes)
@@ -312,6 +348,10 @@ class Signature:
             elif all(sizes[d] if isinstance(d, str) else d for d in out.shape):
                 return False
         return True
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def _named_sizes(inputs: tuple[Input, ...], tensors: tuple) -> dict[str, Any]:

@@ -111,9 +111,11 @@ def check_conformance(
 
     What it covers: every case in every dtype of `dtypes` (default: every dtype the op's first
     input takes), each output and each input the op writes (BatchNorm's running stats),
-    within `TOLERANCES` of the reference kernels run on the CPU; for a kernel, which calls it
-    actually served (`report.not_served` lists the others, which are not compared). What it
-    does not: refusal sentences, preferences against other backends' keys, speed, autograd.
+    within `TOLERANCES` of the reference kernels run on the CPU; that every other input is
+    left exactly as it was and no output shares memory with an input; for a kernel, which
+    calls it actually served (`report.not_served` lists the others, which are not compared).
+    What it does not: refusal sentences, preferences against other backends' keys, speed,
+    autograd.
     The op's sample cases are few and small and reach none of your kernel's refusal
     boundaries: pass `cases` (see `case()`) on both sides of each boundary you declare.
     """
@@ -138,12 +140,16 @@ def check_conformance(
         for (case, dtype), want in zip(calls, expected, strict=False):
             op = op_cls(**case.params, target=target or BUILTIN)
             served = _spy_keys(op) if kernel else None
-            got = _run(op, _cast(case.inputs, dtype, torch.device(device)))
+            inputs = _cast(case.inputs, dtype, torch.device(device))
+            before = _cast(inputs, dtype, torch.device(device))
+            got = _run(op, inputs)
             if served is not None and kernel[0] not in served:
                 report.not_served.append(case.describe())
                 continue
             report.checked += 1
             _compare(case, dtype, got, want, report)
+            for detail in _input_problems(op, inputs, before, got[: len(op.signature.outputs)]):
+                report.mismatches.append(Mismatch(case.describe(), dtype, detail))
     return report
 
 
@@ -182,6 +188,41 @@ def _compare(case: Case, dtype, got, want, report: ConformanceReport) -> None:
         except AssertionError as exc:
             detail = f"output {index}: " + " ".join(str(exc).split())
             report.mismatches.append(Mismatch(case.describe(), dtype, detail))
+
+
+def _input_problems(op: Op, inputs: tuple, before: tuple, outputs: list[torch.Tensor]) -> list[str]:
+    """What the call did to its inputs that a kernel must not do: change one the op does not
+    write (the caller's tensor, when it already had the kernel's layout), or hand one back as
+    an output (the op's result would be the caller's input)."""
+    problems = []
+    for spec, now, then in zip(op.signature.inputs, inputs, before, strict=True):
+        if now is None:
+            continue
+        if not spec.written and not _unchanged(now, then):
+            problems.append(
+                f"input {spec.name!r} was changed by the call; the op does not write it, so a "
+                "kernel must leave it as it was"
+            )
+        problems += [
+            f"output {index} shares memory with input {spec.name!r}; return a new tensor"
+            for index, out in enumerate(outputs)
+            if _shares_memory(out, now)
+        ]
+    return problems
+
+
+def _unchanged(now: torch.Tensor, then: torch.Tensor) -> bool:
+    """Every element as it was (NaN where it was NaN)."""
+    try:
+        torch.testing.assert_close(now, then, rtol=0, atol=0, equal_nan=True)
+    except AssertionError:
+        return False
+    return True
+
+
+def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    pointer = a.untyped_storage().data_ptr()
+    return pointer != 0 and pointer == b.untyped_storage().data_ptr()
 
 
 def _spy_keys(op: Op) -> list[str]:

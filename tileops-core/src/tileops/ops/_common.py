@@ -4,6 +4,7 @@ and the base of the torch reference kernels."""
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Hashable, Mapping
 from typing import Any, ClassVar
 
@@ -22,8 +23,20 @@ def _config_error(op: str, name: str, expected: str, value: Any) -> OpConfigErro
     return OpConfigError(f"{op}: parameter {name!r} must be {expected}, got {value!r}")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+"""The range of torch's int params (a schema `int` is an int64): dims, sizes."""
+
+
+def _as_int(value: Any) -> int | None:
+    """`value` as a Python int when torch takes it as an int param, else None: integers of any
+    type with `__index__` (numpy's included) in the int64 range; never a bool."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = operator.index(value)
+    except TypeError:  # not an integer (numpy's bool_ included)
+        return None
+    return number if INT64_MIN <= number <= INT64_MAX else None
 
 
 def _is_real(value: Any) -> bool:
@@ -47,15 +60,17 @@ def fraction_param(op: str, name: str, value: Any) -> float:
 
 
 def positive_int_param(op: str, name: str, value: Any) -> int:
-    if not (_is_int(value) and value >= 1):
-        raise _config_error(op, name, "an int >= 1", value)
-    return value
+    number = _as_int(value)
+    if number is None or number < 1:
+        raise _config_error(op, name, "an int >= 1 (at most 2**63 - 1)", value)
+    return number
 
 
 def int_param(op: str, name: str, value: Any) -> int:
-    if not _is_int(value):
-        raise _config_error(op, name, "an int", value)
-    return value
+    number = _as_int(value)
+    if number is None:
+        raise _config_error(op, name, "an int in the int64 range [-2**63, 2**63 - 1]", value)
+    return number
 
 
 def bool_param(op: str, name: str, value: Any) -> bool:
@@ -65,13 +80,15 @@ def bool_param(op: str, name: str, value: Any) -> bool:
 
 
 def shape_param(op: str, name: str, value: Any) -> tuple[int, ...]:
-    """An int or a non-empty sequence of ints >= 0, as torch's `normalized_shape` accepts."""
-    dims = (value,) if _is_int(value) else value
+    """An int or a non-empty sequence of ints >= 0, as torch's `normalized_shape` accepts
+    (numpy's ints too), as a tuple of Python ints."""
+    dims = (value,) if _as_int(value) is not None else value
     if isinstance(dims, (tuple, list, torch.Size)):
-        dims = tuple(dims)
-        if dims and all(_is_int(d) and d >= 0 for d in dims):
-            return dims
-    raise _config_error(op, name, "an int or a non-empty sequence of ints >= 0", value)
+        sizes = tuple(_as_int(d) for d in dims)
+        if sizes and all(d is not None and d >= 0 for d in sizes):
+            return sizes
+    expected = "an int or a non-empty sequence of ints >= 0 (at most 2**63 - 1)"
+    raise _config_error(op, name, expected, value)
 
 
 # -- canonical layout ------------------------------------------------------------------------

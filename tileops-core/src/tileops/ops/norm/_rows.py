@@ -17,14 +17,16 @@ from .._common import as_rows, as_vector, shape_param
 
 
 def norm_signature(*affine: str) -> Signature:
-    """x of shape [..., *normalized_shape]; each affine param of shape normalized_shape."""
+    """x of shape [..., *normalized_shape]; each affine param of shape normalized_shape, all of
+    one dtype: x's, or float32 beside a 16-bit x (the call spec carries one `param_dtype`)."""
     x = Input("x", (BATCH, "*normalized_shape"))
     params = tuple(
         Input(name, ("*normalized_shape",), dtypes=(f"{WIDENED}x",), optional=True)
         for name in affine
     )
     types = {"normalized_shape": "int[]", "eps": "float?"}
-    return Signature((x, *params), types, (Output("out", like="x"),))
+    outputs = (Output("out", like="x"),)
+    return Signature((x, *params), types, outputs, same_dtype=(affine,))
 
 
 class RowNorm:
