@@ -77,13 +77,22 @@ def test_sample_cases_run(op_cls):
         assert out.dtype == torch.float32 and out.isfinite().all()
 
 
-NOT_DENSE = {  # a tensor of the same values in another layout, and the name errors give it
-    "sparse_coo": (lambda t: t.to_sparse(), "sparse_coo"),
-    "sparse_csr": (lambda t: t.reshape(t.shape[0], -1).to_sparse_csr(), "sparse_csr"),
-    "nested": (lambda t: torch.nested.nested_tensor(list(t.reshape(-1, t.shape[-1]))), "nested"),
+NOT_DENSE = {  # a tensor of the same values in another layout; what errors call it and advise
+    "sparse_coo": (lambda t: t.to_sparse(), "sparse_coo", r"\.to_dense\(\)"),
+    "sparse_csr": (
+        lambda t: t.reshape(t.shape[0], -1).to_sparse_csr(),
+        "sparse_csr",
+        r"\.to_dense\(\)",
+    ),
+    "nested": (
+        lambda t: torch.nested.nested_tensor(list(t.reshape(-1, t.shape[-1]))),
+        "nested",
+        r"\.to_padded_tensor\(0\.0\)",
+    ),
     "jagged": (
         lambda t: torch.nested.nested_tensor(list(t.reshape(-1, t.shape[-1])), layout=torch.jagged),
         "nested",
+        r"\.to_padded_tensor\(0\.0\)",
     ),
 }
 TENSOR_ARGS = [
@@ -104,11 +113,13 @@ def test_sparse_and_nested_tensors_are_refused_by_name(op_cls, position, layout)
     params, args = ARGS[op_cls]
     op = op_cls(*params)
     op(*args)  # the dense layout's verdict is remembered
-    convert, name = NOT_DENSE[layout]
+    convert, name, fix = NOT_DENSE[layout]
     bad = list(args)
     bad[position] = convert(args[position])
     argument = op.signature.inputs[position].name
     with pytest.raises(
-        OpInputError, match=rf"argument '{argument}' is a {name} tensor; tileops ops take dense"
+        OpInputError,
+        match=rf"argument '{argument}' is a {name} tensor; tileops ops take dense tensors only "
+        rf"\(convert it with {fix}\)",
     ):
         op(*bad)

@@ -213,11 +213,7 @@ class Signature:
                     f"got {type(value).__name__}"
                 )
             if value.layout is not torch.strided or value.is_nested:
-                layout = "nested" if value.is_nested else str(value.layout).removeprefix("torch.")
-                raise OpInputError(
-                    f"{op}(): argument {spec.name!r} is a {layout} tensor; tileops ops take dense "
-                    "tensors only (convert it with .to_dense(), or .to_padded_tensor() if nested)"
-                )
+                raise _not_dense(op, spec.name, value)
             self._check_dtype(op, spec, value, values)
             if spec.written and spec.contiguous and not value.is_contiguous():
                 raise OpInputError(
@@ -348,6 +344,17 @@ class Signature:
             elif all(sizes[d] if isinstance(d, str) else d for d in out.shape):
                 return False
         return True
+
+
+def _not_dense(op: str, name: str, value: torch.Tensor) -> OpInputError:
+    if value.is_nested:
+        kind, fix = "nested", ".to_padded_tensor(0.0)"
+    else:
+        kind, fix = str(value.layout).removeprefix("torch."), ".to_dense()"
+    return OpInputError(
+        f"{op}(): argument {name!r} is a {kind} tensor; tileops ops take dense tensors only "
+        f"(convert it with {fix})"
+    )
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
