@@ -17,6 +17,7 @@ from tileops import (
     NoImplementationError,
     Requirements,
 )
+from tileops.control import env_flag
 
 
 @pytest.fixture
@@ -174,11 +175,46 @@ def test_a_gpu_call_served_by_the_general_fallback_is_logged_once(fallback_only,
     assert "special [module dispatch_kit]: n=5 is odd" in messages[0]
 
 
-def test_strict_mode_raises_instead_of_falling_back(fallback_only, monkeypatch):
-    monkeypatch.setenv("TILEOPS_STRICT", "1")
-    with pytest.raises(NoImplementationError, match=r"^TILEOPS_STRICT=1: .*only the general"):
+@pytest.mark.parametrize("value", ["1", "true", "yes", "on", "TRUE", " On "])
+def test_strict_mode_raises_instead_of_falling_back(fallback_only, monkeypatch, value):
+    monkeypatch.setenv("TILEOPS_STRICT", value)
+    with pytest.raises(NoImplementationError, match=r"^TILEOPS_STRICT is on: .*only the general"):
         fallback_only.kernel_for(INTERFACE, call(n=5))
     assert fallback_only.kernel_for(INTERFACE, call(n=4))() == "special"
+
+
+@pytest.mark.parametrize("value", ["", " ", "0", "0 ", "false", "no", "off", "OFF", "False"])
+def test_strict_mode_off_spellings_run_the_fallback(fallback_only, monkeypatch, value):
+    monkeypatch.setenv("TILEOPS_STRICT", value)
+    assert fallback_only.kernel_for(INTERFACE, call(n=5))() == "fallback"
+
+
+@pytest.mark.parametrize("value", ["banana", "2", "tru", "1 0"])
+def test_strict_mode_refuses_a_value_that_is_no_boolean(fallback_only, monkeypatch, value):
+    monkeypatch.setenv("TILEOPS_STRICT", value)
+    message = rf"^TILEOPS_STRICT={value!r} is not a boolean: use 1, true, yes or on"
+    with pytest.raises(ControlError, match=message):
+        fallback_only.kernel_for(INTERFACE, call(n=5))
+
+
+@pytest.mark.parametrize(
+    "value, default, expected",
+    [(None, True, True), ("", True, True), (" ", False, False), ("No", True, False)],
+)
+def test_env_flag_reads_one_boolean_grammar(monkeypatch, value, default, expected):
+    if value is None:
+        monkeypatch.delenv("TILEOPS_SOME_FLAG", raising=False)
+    else:
+        monkeypatch.setenv("TILEOPS_SOME_FLAG", value)
+    assert env_flag("TILEOPS_SOME_FLAG", default=default) is expected
+
+
+def test_env_flag_problem_is_one_line_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("TILEOPS_SOME_FLAG", "banana\nrest")
+    with pytest.raises(ControlError) as raised:
+        env_flag("TILEOPS_SOME_FLAG")
+    assert len(str(raised.value).splitlines()) == 1
+    assert str(raised.value).startswith("TILEOPS_SOME_FLAG='banana\\nrest' is not a boolean")
 
 
 def test_a_record_counts_every_call_hits_included():

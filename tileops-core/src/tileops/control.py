@@ -5,7 +5,8 @@ Process-wide rules come from the environment, read once after the backends load:
     TILEOPS_DENY="RMSNormFwdOp.rms_norm=acme,GemmOp=triton"   (no interface: every interface)
     TILEOPS_PREFER="RMSNormFwdOp.rms_norm=fastnorm_rms>acme"
     TILEOPS_PIN="RMSNormFwdOp.rms_norm=tilelang_block_row"
-    TILEOPS_STRICT=1   (a GPU call that only a `general` fallback serves raises)
+    TILEOPS_STRICT=1   (a GPU call that only a `general` fallback serves raises; booleans
+                        read by `env_flag`: 1/true/yes/on, 0/false/no/off, empty)
 
 and from `prefer(...)` at run time. Like registrations, they shape the kernel tables of op
 instances constructed after them. Names that match nothing are recorded in
@@ -69,7 +70,8 @@ class Rules:
         self.rules: list[Rule] = []
 
     def load_environment(self) -> list[tuple[str, str]]:
-        """Read the variables; returns (origin, problem) for every entry that cannot parse."""
+        """Read the variables; returns (origin, problem) for every entry that cannot parse,
+        and for the other core settings whose values mean nothing (TILEOPS_STRICT)."""
         problems = []
         for variable, split in ((DENY, False), (PIN, False), (PREFER, True)):
             for entry in filter(None, (e.strip() for e in os.environ.get(variable, "").split(","))):
@@ -78,7 +80,7 @@ class Rules:
                     problems.append((variable, rule))
                 else:
                     self.rules.append(rule)
-        return problems
+        return problems + _setting_problems()
 
     def for_op(self, op_cls: type[Op]) -> dict[str, InterfaceRules]:
         from .backend.registry import REGISTRY
@@ -309,5 +311,40 @@ def _installed_keys(op_cls: type) -> set[str]:
     return set(op_cls.kernel_types) | set(REGISTRY.kernel_types(op_cls))
 
 
+# -- boolean settings ------------------------------------------------------------------------
+
+STRICT = "TILEOPS_STRICT"
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def env_flag(variable: str, default: bool = False) -> bool:
+    """The boolean setting `variable`, read one way for every TILEOPS_* flag: 1/true/yes/on,
+    0/false/no/off (any case, spaces around ignored), unset or empty for `default`. Anything
+    else raises `ControlError` naming the variable: a typo must not flip a setting."""
+    raw = os.environ.get(variable, "")
+    word = raw.strip().lower()
+    if not word:
+        return default
+    if word in TRUE_WORDS or word in FALSE_WORDS:
+        return word in TRUE_WORDS
+    raise ControlError(
+        f"{variable}={raw!r} is not a boolean: use {', '.join(TRUE_WORDS[:-1])} or "
+        f"{TRUE_WORDS[-1]}; {', '.join(FALSE_WORDS[:-1])} or {FALSE_WORDS[-1]}; or leave it empty"
+    )
+
+
+def _setting_problems() -> list[tuple[str, str]]:
+    """(variable, problem) for each core flag whose value is no boolean: reported when the
+    backends load, rather than only at the first call that reads it."""
+    problems = []
+    for variable in (STRICT,):
+        try:
+            env_flag(variable)
+        except ControlError as exc:
+            problems.append((variable, str(exc)))
+    return problems
+
+
 def strict() -> bool:
-    return os.environ.get("TILEOPS_STRICT", "") not in ("", "0")
+    """Whether TILEOPS_STRICT is on (read on the fallback path only, so tests can set it)."""
+    return env_flag(STRICT)

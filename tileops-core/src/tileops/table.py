@@ -155,7 +155,7 @@ class KernelTable:
             f"{call!r}; the specialised kernels refused it: {reasons}"
         )
         if strict():
-            raise NoImplementationError(f"TILEOPS_STRICT=1: {message}")
+            raise NoImplementationError(f"TILEOPS_STRICT is on: {message}")
         seen = (judgement.interface, call)
         if seen not in self.fallbacks_seen:
             self.fallbacks_seen.add(seen)
