@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,13 @@ selected again on its next use (a miss, microseconds), while a hit stays one dic
 ENTRY_LIMIT = 1024
 """Built entries kept per op class, by build identity; the oldest quarter goes past it."""
 
+FALLBACK_WARNINGS = 16
+FALLBACK_WINDOW = 60.0
+"""At most FALLBACK_WARNINGS fallback warnings per op table in FALLBACK_WINDOW seconds: an op
+called with ever-new shapes that all fall back must not flood the log."""
+
+_now = time.monotonic
+
 
 class KernelTable:
     def __init__(self, op_cls: type[Op]) -> None:
@@ -58,7 +66,8 @@ class KernelTable:
         # (hits, keys), each keyed by (interface, call).
         self.modes: dict[bool, tuple[dict, dict]] = {False: ({}, {}), True: ({}, {})}
         self.pinned: dict[tuple, Callable[..., Any]] = {}  # (key, det, interface, call)
-        self.fallbacks_seen: set[tuple[str, CallSpec]] = set()
+        self.fallbacks_seen: dict[tuple[str, CallSpec], None] = {}  # bounded like the hits
+        self.fallback_log = FallbackLog(self.op)
         _live_tables.add(self)
 
     @property
@@ -142,7 +151,8 @@ class KernelTable:
 
     def _check_fallback(self, judgement: Judgement) -> None:
         """A GPU call that only the general fallback serves, because every specialised kernel
-        refused it: say so once per call spec, or refuse under TILEOPS_STRICT=1."""
+        refused it: say so once per call spec (within limits: FallbackLog), or refuse under
+        TILEOPS_STRICT."""
         winner, call = judgement.winner, judgement.call
         if call.device.type != "cuda" or not winner.cls.general:
             return
@@ -158,8 +168,8 @@ class KernelTable:
             raise NoImplementationError(f"TILEOPS_STRICT is on: {message}")
         seen = (judgement.interface, call)
         if seen not in self.fallbacks_seen:
-            self.fallbacks_seen.add(seen)
-            LOG.warning(message)
+            remember(self.fallbacks_seen, seen, None, HIT_LIMIT)
+            self.fallback_log.warn(message)
 
     def serving(self, interface: str, call: CallSpec) -> str:
         """Which key (and distribution) serves `call`, for messages about its kernel's failures."""
@@ -186,6 +196,41 @@ class KernelTable:
         for cache in (*self.modes[False], *self.modes[True], self.pinned):
             for key in [k for k in list(cache) if device_slot(k[-1].device) == slot]:
                 cache.pop(key, None)
+
+
+class FallbackLog:
+    """The fallback warnings of one op table, at most FALLBACK_WARNINGS per FALLBACK_WINDOW
+    seconds; the first one of a later window says how many were left out before it."""
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+        self.window_start = -FALLBACK_WINDOW
+        self.logged = self.left_out = 0
+
+    def warn(self, message: str) -> None:
+        now = _now()
+        if now - self.window_start >= FALLBACK_WINDOW:
+            if self.left_out:
+                LOG.warning(
+                    "%s: %d more calls served only by the general fallback were not logged",
+                    self.op,
+                    self.left_out,
+                )
+            self.window_start, self.logged, self.left_out = now, 0, 0
+        if self.logged >= FALLBACK_WARNINGS:
+            self.left_out += 1
+            return
+        self.logged += 1
+        LOG.warning(message)
+        if self.logged == FALLBACK_WARNINGS:
+            LOG.warning(
+                "%s: %d calls served only by the general fallback were logged in %.0f s; further "
+                "ones in that time are counted, not logged (tileops explain shows a call's "
+                "refusals; TILEOPS_STRICT=1 makes them raise)",
+                self.op,
+                FALLBACK_WARNINGS,
+                FALLBACK_WINDOW,
+            )
 
 
 def remember(cache: dict, key: Any, value: Any, limit: int) -> None:
