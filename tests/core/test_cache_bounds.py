@@ -9,9 +9,9 @@ import tracemalloc
 import torch
 from dispatch_kit import INTERFACE, call, kernel, make_op
 
+import tileops.table
 from tileops import GemmOp, SoftmaxFwdOp
 from tileops.backend import register_detector, register_kernel_builder
-import tileops.table
 from tileops.table import ENTRY_LIMIT, FALLBACK_WARNINGS, FALLBACK_WINDOW, HIT_LIMIT
 
 
