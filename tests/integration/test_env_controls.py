@@ -105,9 +105,8 @@ def test_a_flag_that_is_no_boolean_is_reported_at_load_naming_the_variable(sites
     env = {"TILEOPS_STRICT": "banana", "TILEOPS_TRITON_AUTOTUNE": "yes please"}
     result = sites.python(script, env=env)
     strict = f"TILEOPS_STRICT (operator setting): {not_a_boolean('TILEOPS_STRICT', 'banana')}"
-    triton = (
-        "triton (tileops-triton-backend): ControlError: "
-        + not_a_boolean("TILEOPS_TRITON_AUTOTUNE", "yes please")
+    triton = "triton (tileops-triton-backend): ControlError: " + not_a_boolean(
+        "TILEOPS_TRITON_AUTOTUNE", "yes please"
     )
     assert result["failures"] == [triton, strict]
     assert len(result["warned"]) == 2 and "triton" not in result["loaded"]
