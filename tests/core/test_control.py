@@ -7,9 +7,10 @@ import threading
 
 import pytest
 import torch
-from dispatch_kit import INTERFACE, call, kernel, make_op
+from dispatch_kit import INTERFACE, Binary, Unary, call, kernel, make_op
 
 import tileops
+import tileops.table
 from tileops import (
     AmbiguousDispatchError,
     ControlError,
@@ -17,7 +18,8 @@ from tileops import (
     NoImplementationError,
     Requirements,
 )
-from tileops.control import env_flag
+from tileops.backend.registry import REGISTRY
+from tileops.control import Rules, _installed_keys, env_flag
 
 
 @pytest.fixture
@@ -259,3 +261,109 @@ def test_unmet_requirements_make_a_kernel_unavailable_with_the_reason(sm80):
 def test_requires_must_be_a_requirements():
     with pytest.raises(KernelDeclarationError, match="requires must be a tileops.Requirements"):
         kernel("Odd", requires=("tilelang",))
+
+
+# -- operator rules from the environment ---------------------------------------------------
+
+
+@pytest.fixture
+def operator_env(monkeypatch):
+    """`load(**variables)`: read TILEOPS_* rules as backend loading does and put them in force
+    for tables built afterwards; returns every problem loading reports. Undone after the test."""
+
+    def load(**variables: str) -> list[str]:
+        for name, value in variables.items():
+            monkeypatch.setenv(name, value)
+        rules = Rules()
+        problems = [p for _, p in rules.load_environment()]
+        problems += rules.unmatched(REGISTRY.known_ops, _installed_keys)
+        monkeypatch.setattr(tileops.table, "RULES", rules)
+        REGISTRY.bump()
+        return problems
+
+    yield load
+    monkeypatch.undo()
+    REGISTRY.bump()
+
+
+@pytest.fixture
+def two_interfaces():
+    """`plain` on `unary`, `pair` on `binary`, `both` on both (outranked by the other two)."""
+    return make_op(
+        {
+            "plain": kernel("plain", devices={"cpu"}, preferred_over={"both"}),
+            "pair": kernel("pair", base=Binary, devices={"cpu"}, preferred_over={"both"}),
+            "both": kernel("both", base=(Unary, Binary), devices={"cpu"}),
+        },
+        interfaces={"unary": Unary, "binary": Binary},
+        name="TwoInterfacesOp",
+    )
+
+
+def test_a_pin_without_interface_applies_only_where_the_key_implements_it(
+    operator_env, two_interfaces
+):
+    assert operator_env(TILEOPS_PIN="TwoInterfacesOp=plain") == []
+    rules = tileops.table.table_for(two_interfaces).rules
+    assert rules["unary"].pin == ("plain", "TILEOPS_PIN")
+    assert rules["binary"].pin is None
+    op = two_interfaces()
+    assert op.kernel_for("unary", call("cpu"))() == "plain"
+    assert op.key_for("binary", call("cpu")) == "pair"
+
+
+def test_pinning_the_forward_key_without_interface_leaves_gradients_alone(operator_env):
+    assert operator_env(TILEOPS_PIN="RMSNormFwdOp=reference") == []
+    op = tileops.RMSNormFwdOp(8)
+    x = torch.randn(2, 8, requires_grad=True)
+    op(x).sum().backward()
+    assert x.grad is not None and x.grad.shape == (2, 8)
+    assert tileops.table.table_for(tileops.RMSNormFwdOp).rules["backward"].pin is None
+
+
+def test_a_rule_naming_an_interface_is_checked_against_that_interfaces_keys(operator_env):
+    problems = operator_env(TILEOPS_PIN="RMSNormFwdOp.backward=reference")
+    assert problems == [
+        "TILEOPS_PIN RMSNormFwdOp.backward=reference names key 'reference', which does not "
+        "implement tileops::RMSNormFwdOp.backward (its keys there: reference_backward)"
+    ]
+
+
+def test_a_rule_for_a_key_of_another_interface_of_a_test_op_is_reported(
+    operator_env, two_interfaces
+):
+    problems = operator_env(TILEOPS_DENY="TwoInterfacesOp.binary=plain")
+    assert problems == [
+        "TILEOPS_DENY TwoInterfacesOp.binary=plain names key 'plain', which does not implement "
+        "dispatch_kit::TwoInterfacesOp.binary (its keys there: both, pair)"
+    ]
+
+
+def test_conflicting_pins_for_one_interface_are_reported_and_neither_applies(
+    operator_env, two_interfaces
+):
+    problems = operator_env(TILEOPS_PIN="TwoInterfacesOp.unary=plain,TwoInterfacesOp=both")
+    assert problems == [
+        "TILEOPS_PIN pins dispatch_kit::TwoInterfacesOp.unary to 'plain' (TILEOPS_PIN "
+        "TwoInterfacesOp.unary=plain) and 'both' (TILEOPS_PIN TwoInterfacesOp=both); none "
+        "applies there: keep one"
+    ]
+    rules = tileops.table.table_for(two_interfaces).rules
+    assert rules["unary"].pin is None
+    assert rules["binary"].pin == ("both", "TILEOPS_PIN")  # no conflict on binary
+
+
+def test_the_same_pin_twice_is_no_conflict(operator_env, two_interfaces):
+    problems = operator_env(
+        TILEOPS_PIN="TwoInterfacesOp.unary=plain, dispatch_kit::TwoInterfacesOp.unary=plain"
+    )
+    assert problems == []
+    assert tileops.table.table_for(two_interfaces).rules["unary"].pin == ("plain", "TILEOPS_PIN")
+
+
+def test_unknown_log_names_are_reported_with_the_known_ones(operator_env):
+    problems = operator_env(TILEOPS_LOG="dispatch, everything,dispach")
+    assert problems == [
+        "TILEOPS_LOG names 'everything', which is no tileops log; use one of: dispatch",
+        "TILEOPS_LOG names 'dispach', which is no tileops log; use one of: dispatch",
+    ]

@@ -4,13 +4,13 @@ Process-wide rules come from the environment, read once after the backends load:
 
     TILEOPS_DENY="RMSNormFwdOp.rms_norm=acme,GemmOp=triton"   (no interface: every interface)
     TILEOPS_PREFER="RMSNormFwdOp.rms_norm=fastnorm_rms>acme"
-    TILEOPS_PIN="RMSNormFwdOp.rms_norm=tilelang_block_row"
+    TILEOPS_PIN="RMSNormFwdOp.rms_norm=tilelang_block_row"   (no interface: where the key is)
     TILEOPS_STRICT=1   (a GPU call that only a `general` fallback serves raises; booleans
                         read by `env_flag`: 1/true/yes/on, 0/false/no/off, empty)
 
 and from `prefer(...)` at run time. Like registrations, they shape the kernel tables of op
-instances constructed after them. Names that match nothing are recorded in
-`tileops.backend.load_failures()` with a warning, as unknown backend names are.
+instances constructed after them. Names that match nothing, and pins that conflict, are
+recorded in `tileops.backend.load_failures()` with a warning, as unknown backend names are.
 
 `pinned(...)` pins a key for the calls inside a `with` block only (per thread and task, through
 a context variable). While no block is active anywhere, op instances read their plain hit cache:
@@ -25,7 +25,7 @@ import functools
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -82,27 +82,51 @@ class Rules:
                     self.rules.append(rule)
         return problems + _setting_problems()
 
-    def for_op(self, op_cls: type[Op]) -> dict[str, InterfaceRules]:
+    def for_op(
+        self, op_cls: type[Op], keys: Mapping[str, Collection[str]]
+    ) -> dict[str, InterfaceRules]:
+        """The rules in force on each interface of `op_cls`, whose keys per interface are
+        `keys`. A pin naming no interface applies where its key implements the interface;
+        pins that conflict on one interface leave it unpinned (`unmatched` reports them)."""
         from .backend.registry import REGISTRY
 
         found = {name: InterfaceRules() for name in op_cls.interfaces}
         for rule in [*self.rules, *REGISTRY.rules()]:
-            if not _names(op_cls, rule.op):
+            if not _names(op_cls, rule.op) or rule.origin.startswith(PIN):
                 continue
             for interface in [rule.interface] if rule.interface else list(op_cls.interfaces):
                 if interface not in found:
                     continue
-                rules = found[interface]
                 if rule.origin.startswith(DENY):
-                    rules.denied[rule.keys[0]] = rule.origin
-                elif rule.origin.startswith(PIN):
-                    rules.pin = (rule.keys[0], rule.origin)
+                    found[interface].denied[rule.keys[0]] = rule.origin
                 else:
-                    rules.edges[rule.keys] = rule.origin
+                    found[interface].edges[rule.keys] = rule.origin
+        for interface, pins in self._pins(op_cls, keys).items():
+            if len(pins) == 1:
+                (key, rule), *_ = pins.items()
+                found[interface].pin = (key, rule.origin)
         return found
 
+    def _pins(
+        self, op_cls: type, keys: Mapping[str, Collection[str]]
+    ) -> dict[str, dict[str, Rule]]:
+        """Interface -> the keys the environment pins there (each with the first rule that
+        does): more than one is a conflict."""
+        pins: dict[str, dict[str, Rule]] = {}
+        for rule in self.rules:
+            if not rule.origin.startswith(PIN) or not _names(op_cls, rule.op):
+                continue
+            key = rule.keys[0]
+            for interface in op_cls.interfaces:
+                if rule.interface in (None, interface) and (
+                    rule.interface or key in keys[interface]
+                ):
+                    pins.setdefault(interface, {}).setdefault(key, rule)
+        return pins
+
     def unmatched(self, known_ops: dict[str, type], keys_of: Any) -> list[str]:
-        """Sentences for the rules that name no op, no interface or no installed key."""
+        """Sentences for the rules that name no op, no interface or no installed key (a rule
+        naming an interface: no key of that interface), and for pins that conflict."""
         problems = []
         for rule in self.rules:
             ops = [cls for cls in known_ops.values() if _names(cls, rule.op) and cls.interfaces]
@@ -110,19 +134,59 @@ class Rules:
                 problems.append(f"{rule} names op {rule.op!r}, which no installed op has")
                 continue
             for op_cls in ops:
-                if rule.interface and rule.interface not in op_cls.interfaces:
-                    problems.append(
-                        f"{rule} names interface {rule.interface!r}, which {op_cls.op_name} lacks "
-                        f"(it has {', '.join(op_cls.interfaces)})"
-                    )
-                    continue
-                missing = [k for k in rule.keys if k not in keys_of(op_cls)]
-                if missing:
-                    problems.append(
-                        f"{rule} names key {missing[0]!r}, which no installed kernel of "
-                        f"{op_cls.op_name} has"
-                    )
+                problem = _unmatched_on(rule, op_cls, keys_of(op_cls))
+                if problem:
+                    problems.append(problem)
+        pinned = {cls for cls in known_ops.values() for r in self.rules if _names(cls, r.op)}
+        for op_cls in sorted(pinned, key=lambda cls: cls.op_name):
+            problems += self._conflicts(op_cls)
         return problems
+
+    def _conflicts(self, op_cls: type) -> list[str]:
+        keys = {interface: _keys_on(op_cls, interface) for interface in op_cls.interfaces}
+        problems = []
+        for interface, pins in self._pins(op_cls, keys).items():
+            if len(pins) > 1:
+                named = [f"{key!r} ({rule})" for key, rule in pins.items()]
+                problems.append(
+                    f"{PIN} pins {op_cls.op_name}.{interface} to {', '.join(named[:-1])} and "
+                    f"{named[-1]}; none applies there: keep one"
+                )
+        return problems
+
+
+def _unmatched_on(rule: Rule, op_cls: type, installed: Collection[str]) -> str | None:
+    """Why `rule` names nothing on `op_cls`, or None."""
+    if rule.interface and rule.interface not in op_cls.interfaces:
+        return (
+            f"{rule} names interface {rule.interface!r}, which {op_cls.op_name} lacks "
+            f"(it has {', '.join(op_cls.interfaces)})"
+        )
+    missing = [k for k in rule.keys if k not in installed]
+    if missing:
+        return f"{rule} names key {missing[0]!r}, which no installed kernel of {op_cls.op_name} has"
+    if rule.interface:
+        there = _keys_on(op_cls, rule.interface)
+        elsewhere = [k for k in rule.keys if k not in there]
+        if elsewhere:
+            return (
+                f"{rule} names key {elsewhere[0]!r}, which does not implement "
+                f"{op_cls.op_name}.{rule.interface} (its keys there: "
+                f"{', '.join(sorted(there)) or 'none'})"
+            )
+    return None
+
+
+def _keys_on(op_cls: type, interface: str) -> set[str]:
+    """The installed keys of `op_cls` whose classes implement its `interface`."""
+    from .backend.registry import REGISTRY
+
+    classes = {**op_cls.kernel_types}
+    classes.update({key: r.cls for key, r in REGISTRY.kernel_types(op_cls).items()})
+    wanted = op_cls.interfaces[interface]
+    return {
+        key for key, cls in classes.items() if isinstance(cls, type) and issubclass(cls, wanted)
+    }
 
 
 def _names(op_cls: type, name: str) -> bool:
@@ -334,14 +398,20 @@ def env_flag(variable: str, default: bool = False) -> bool:
 
 
 def _setting_problems() -> list[tuple[str, str]]:
-    """(variable, problem) for each core flag whose value is no boolean: reported when the
-    backends load, rather than only at the first call that reads it."""
+    """(variable, problem) for each core flag whose value is no boolean and each TILEOPS_LOG
+    name that is no log: reported when the backends load, not left to be ignored."""
     problems = []
     for variable in (STRICT,):
         try:
             env_flag(variable)
         except ControlError as exc:
             problems.append((variable, str(exc)))
+    from . import observe
+
+    known = ", ".join(observe.LOGGERS)
+    for name in observe.unknown_log_names():
+        problem = f"{observe.LOG_VARIABLE} names {name!r}, which is no tileops log; use one of: "
+        problems.append((observe.LOG_VARIABLE, problem + known))
     return problems
 
 

@@ -58,7 +58,9 @@ class KernelTable:
         self.sources = {
             name: {c.key: c.source for c in cands} for name, cands in self.candidates.items()
         }
-        self.rules = RULES.for_op(op_cls)
+        self.rules = RULES.for_op(
+            op_cls, {i: {c.key for c in cs} for i, cs in self.candidates.items()}
+        )
         self.outranks = {
             name: self._outranking(name, cands) for name, cands in self.candidates.items()
         }
