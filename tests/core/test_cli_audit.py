@@ -85,3 +85,13 @@ def test_audit_numerics_runs_every_key_here_and_fails_on_a_wrong_one(capsys, til
     assert main(["audit", "--numerics", "SoftmaxFwdOp"]) == 1
     out = capsys.readouterr().out
     assert "sloppy" in out and "over tolerance" in out
+
+
+def test_an_arch_audit_cannot_simulate_is_a_one_line_error(capsys):
+    for archs, part in (("80,75", "75"), ("9O", "9O")):
+        assert main(["audit", "SoftmaxFwdOp", "--arch", archs]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err == (
+            f"tileops: audit --arch {archs}: {part!r} is no arch audit simulates; it knows "
+            "80, 86, 89, 90\n"
+        )
