@@ -46,7 +46,18 @@ def test_a_pin_holds_inside_its_block_only(op_cls):
         assert "slow [module dispatch_kit]: chosen: pinned by tileops.pinned()" in explained
         assert "fast [module dispatch_kit]: outranked: 'slow' is pinned by" in explained
     assert op.kernel_for(INTERFACE, call(n=2))() == "fast"
-    assert isinstance(op._hits, dict)  # no scope left: the plain cache again
+
+
+def test_hits_read_the_plain_cache_again_once_the_pin_ends():
+    op_cls = make_op(
+        {"a": kernel("a", devices={"cpu"}), "b": kernel("b", devices={"cpu"}, preferred_over="a")},
+        name="PlainAgainOp",
+    )
+    op = op_cls()
+    with tileops.pinned(op_cls, INTERFACE, "a"):
+        assert not isinstance(op._hits, dict)  # a scope is active: hits consult it
+        assert op.kernel_for(INTERFACE, call("cpu"))() == "a"
+    assert isinstance(op._hits, dict) and op.kernel_for(INTERFACE, call("cpu"))() == "b"
 
 
 def test_pins_are_per_thread(op_cls):
@@ -367,3 +378,12 @@ def test_unknown_log_names_are_reported_with_the_known_ones(operator_env):
         "TILEOPS_LOG names 'everything', which is no tileops log; use one of: dispatch",
         "TILEOPS_LOG names 'dispach', which is no tileops log; use one of: dispatch",
     ]
+
+
+def test_a_record_inside_a_simulation_counts_its_hits_with_the_key_that_served(sm80):
+    op = make_op({"ampere": kernel("ampere", supported_archs={80})}, name="RecordedSimOp")()
+    op.kernel_for(INTERFACE, call())  # selected before the record: the calls inside are hits
+    with tileops.record() as record:
+        for _ in range(3):
+            op.kernel_for(INTERFACE, call())
+    assert [(s.key, n) for s, n in record.counts.items()] == [("ampere", 3)]

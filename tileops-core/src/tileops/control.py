@@ -13,8 +13,9 @@ instances constructed after them. Names that match nothing, and pins that confli
 recorded in `tileops.backend.load_failures()` with a warning, as unknown backend names are.
 
 `pinned(...)` pins a key for the calls inside a `with` block only (per thread and task, through
-a context variable). While no block is active anywhere, op instances read their plain hit cache:
-the hit path pays nothing for pins or records that nobody uses.
+a context variable), as `record()` records and `tileops.testing.simulate_device` simulates a
+device. While no such block is active anywhere, op instances read their plain hit cache: the
+hit path pays nothing for pins, records or simulations that nobody uses.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .device import SIMULATED
 from .errors import ControlError
 
 if TYPE_CHECKING:
@@ -242,8 +244,9 @@ _scope: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("tileops_s
 
 
 class ScopedHits:
-    """Stands in for an op's hit cache while some pin or record is active in the process: a
-    hit then consults the current context's scope (and the plain cache when it has none)."""
+    """Stands in for an op's hit cache while some pin, record or device simulation is active in
+    the process: a hit then consults the current context's (and the plain cache when it has
+    none of them)."""
 
     def __init__(self, op: Op) -> None:
         self.op = op
@@ -251,16 +254,35 @@ class ScopedHits:
     def get(self, key: tuple) -> Any:
         table = self.op._table
         det = torch._C._get_deterministic_algorithms()
-        scope = _scope.get()
-        if scope is None:
+        scope, simulations = _scope.get(), SIMULATED.get()
+        if scope is None and not simulations:
             return table.modes[det][0].get(key)
-        return table.scoped_hit(key, scope, det)
+        return table.scoped_hit(key, scope, simulations, det)
+
+
+Variant = tuple[Any, Any]
+"""(pinned key, device simulation) a context asks for one call: selections made under either
+are kept apart from the plain ones, which every other context shares."""
+
+
+def variant(
+    op_cls: type, interface: str, call: Any, scope: Scope | None, simulations: Mapping
+) -> Variant | None:
+    """What the context asks of dispatch for this call, or None when it asks nothing."""
+    pin = scope.pins.get((op_cls, interface)) if scope is not None else None
+    simulation = simulations.get(getattr(call, "device", None)) if simulations else None
+    return None if pin is None and simulation is None else (pin, simulation)
+
+
+def current_variant(op_cls: type, interface: str, call: Any) -> Variant | None:
+    """`variant` in the current thread or task."""
+    return variant(op_cls, interface, call, _scope.get(), SIMULATED.get())
 
 
 class Scopes:
     """Decides which cache each live op's hits read, so that a hit is one plain dict lookup
-    while no pin or record is active anywhere: the cache of the current determinism mode, or,
-    while some scope is active, a `ScopedHits` that consults the caller's context.
+    while no pin, record or simulation is active anywhere: the cache of the current determinism
+    mode, or, while some is active, a `ScopedHits` that consults the caller's context.
 
     Switching happens on the first and last scope, and when torch's determinism flag changes
     through `torch.use_deterministic_algorithms` (watched: torch offers no callback)."""
@@ -283,11 +305,20 @@ class Scopes:
             {**outer.pins, **changes.get("pins", {})}, outer.records + changes.get("records", ())
         )
         token = _scope.set(scope)
-        self._count(+1)
         try:
-            yield scope
+            with self.counted():
+                yield scope
         finally:
             _scope.reset(token)
+
+    @contextlib.contextmanager
+    def counted(self) -> Iterator[None]:
+        """While inside, every op's hits consult their context: some context (the caller's)
+        asks something of dispatch (a pin, a record, a device simulation)."""
+        self._count(+1)
+        try:
+            yield
+        finally:
             self._count(-1)
 
     def _count(self, delta: int) -> None:
