@@ -20,6 +20,7 @@ from tileops import (
 )
 from tileops.backend.registry import REGISTRY
 from tileops.control import Rules, _installed_keys, env_flag
+from tileops.testing import simulate_device
 
 
 @pytest.fixture
@@ -387,3 +388,18 @@ def test_a_record_inside_a_simulation_counts_its_hits_with_the_key_that_served(s
         for _ in range(3):
             op.kernel_for(INTERFACE, call())
     assert [(s.key, n) for s, n in record.counts.items()] == [("ampere", 3)]
+
+
+def test_a_fallback_warned_under_one_simulation_is_warned_again_under_another(caplog):
+    op = make_op(
+        {
+            "special": kernel("special", refuse=lambda c: "refuses all"),
+            "fallback": kernel("fallback", general=True),
+        },
+        name="FallbackPerBoardOp",
+    )()
+    with caplog.at_level(logging.WARNING, logger="tileops.dispatch"):
+        for arch in (80, 90, 80):
+            with simulate_device("cuda:0", arch=arch, sm_count=1):
+                op.kernel_for(INTERFACE, call(n=5))
+    assert len(caplog.records) == 3  # each simulation is a board of its own

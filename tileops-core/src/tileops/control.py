@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .device import SIMULATED
+from .device import NO_SIMULATIONS, SIMULATED
 from .errors import ControlError
 
 if TYPE_CHECKING:
@@ -120,9 +120,12 @@ class Rules:
                 continue
             key = rule.keys[0]
             for interface in op_cls.interfaces:
-                if rule.interface in (None, interface) and (
-                    rule.interface or key in keys[interface]
-                ):
+                named = (
+                    key in keys[interface]
+                    if rule.interface is None
+                    else rule.interface == interface
+                )
+                if named:
                     pins.setdefault(interface, {}).setdefault(key, rule)
         return pins
 
@@ -255,7 +258,7 @@ class ScopedHits:
         table = self.op._table
         det = torch._C._get_deterministic_algorithms()
         scope, simulations = _scope.get(), SIMULATED.get()
-        if scope is None and not simulations:
+        if scope is None and simulations is NO_SIMULATIONS:
             return table.modes[det][0].get(key)
         return table.scoped_hit(key, scope, simulations, det)
 

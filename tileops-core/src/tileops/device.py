@@ -52,8 +52,9 @@ Slot = tuple[str, int | None]
 _cache: dict[Slot, DeviceFacts] = {}
 _lock = threading.Lock()
 _end_listeners: list[Callable[[Simulation], None]] = []
+NO_SIMULATIONS: Mapping[torch.device, Simulation] = MappingProxyType({})
 SIMULATED: contextvars.ContextVar[Mapping[torch.device, Simulation]] = contextvars.ContextVar(
-    "tileops_simulated", default=MappingProxyType({})
+    "tileops_simulated", default=NO_SIMULATIONS
 )
 """The simulations in force in this thread or task, keyed by every spelling of their device
 (`cuda` and `cuda:0` alike), so that a lookup needs no normalising: usually empty. Each value

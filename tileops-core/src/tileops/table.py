@@ -24,7 +24,7 @@ from .backend.registry import REGISTRY
 from .call import CallSpec, check_fields
 from .candidates import candidates_of
 from .control import RULES, Scope, Variant, current_pin, current_variant, strict
-from .device import Simulation, on_simulation_end
+from .device import SIMULATED, Simulation, on_simulation_end
 from .errors import BackendError, KernelDeclarationError, NoImplementationError, add_note
 from .explain import Explanation
 from .record import record_call
@@ -71,7 +71,7 @@ class KernelTable:
         # simulation) and determinism mode: (interface, call) -> (entry, key). A simulation's
         # go when it ends (forget_simulation).
         self.scoped: dict[Variant, tuple[dict, dict]] = {}
-        self.fallbacks_seen: dict[tuple[str, CallSpec], None] = {}  # bounded like the hits
+        self.fallbacks_seen: dict[tuple, None] = {}  # (interface, call, simulation); bounded
         self.fallback_log = FallbackLog(self.op)
         _live_tables.add(self)
 
@@ -178,7 +178,8 @@ class KernelTable:
         )
         if strict():
             raise NoImplementationError(f"TILEOPS_STRICT is on: {message}")
-        seen = (judgement.interface, call)
+        # A simulation's fallbacks are its own: they must not silence the real device's.
+        seen = (judgement.interface, call, SIMULATED.get().get(call.device))
         if seen not in self.fallbacks_seen:
             remember(self.fallbacks_seen, seen, None, HIT_LIMIT)
             self.fallback_log.warn(message)
