@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import gc
+import logging
 import tracemalloc
 
 import torch
+from dispatch_kit import INTERFACE, call, kernel, make_op
 
+import tileops.table
 from tileops import GemmOp, SoftmaxFwdOp
 from tileops.backend import register_detector, register_kernel_builder
-from tileops.table import ENTRY_LIMIT, HIT_LIMIT
+from tileops.table import ENTRY_LIMIT, FALLBACK_WARNINGS, FALLBACK_WINDOW, HIT_LIMIT
 
 
 def test_memory_stays_flat_over_100000_distinct_gemm_shapes():
@@ -55,3 +58,38 @@ def test_the_target_kernel_cache_is_bounded(tileops_registry):
     for n in range(1, HIT_LIMIT + 100):
         op(torch.empty(1, n))
     assert len(op._target_kernels) <= HIT_LIMIT and len(builds) == HIT_LIMIT + 99
+
+
+def test_fallback_warnings_are_bounded_and_rate_limited(sm80, caplog, monkeypatch):
+    """Every spec falls back: what the table remembers of them stays bounded, and the log says
+    a few per window, then that it stops; the next window starts with how many it left out."""
+    now = [1000.0]
+    monkeypatch.setattr(tileops.table, "_now", lambda: now[0])
+    op = make_op(
+        {
+            "special": kernel("special", refuse=lambda c: "refuses all"),
+            "fallback": kernel("fallback", general=True),
+        },
+        name="AlwaysFallbackOp",
+    )()
+    with caplog.at_level(logging.WARNING, logger="tileops.dispatch"):
+        for n in range(2 * HIT_LIMIT):
+            op.kernel_for(INTERFACE, call(n=n))
+        assert len(op._table.fallbacks_seen) <= HIT_LIMIT
+        messages = [r.getMessage() for r in caplog.records]
+        assert len(messages) == FALLBACK_WARNINGS + 1
+        assert all("only the general fallback 'fallback' serves" in m for m in messages[:-1])
+        assert messages[-1] == (
+            f"{op.op_name}: {FALLBACK_WARNINGS} calls served only by the general fallback were "
+            f"logged in {FALLBACK_WINDOW:.0f} s; further ones in that time are counted, not "
+            "logged (tileops explain shows a call's refusals; TILEOPS_STRICT=1 makes them raise)"
+        )
+        caplog.clear()
+        now[0] += FALLBACK_WINDOW
+        op.kernel_for(INTERFACE, call(n=-1))
+    skipped = 2 * HIT_LIMIT - FALLBACK_WARNINGS
+    first, second = [r.getMessage() for r in caplog.records]
+    assert first == (
+        f"{op.op_name}: {skipped} more calls served only by the general fallback were not logged"
+    )
+    assert "n=-1" in second

@@ -105,3 +105,13 @@ def test_a_target_claiming_a_device_for_ops_it_cannot_build_is_a_finding(capsys,
         "'no' (str) for cpu; a detector must return a bool"
     ) in out
     assert out.splitlines()[-1] == "FAILED: 1 unserved claim(s), 1 broken(s)"
+
+
+def test_an_arch_audit_cannot_simulate_is_a_one_line_error(capsys):
+    for archs, part in (("80,75", "75"), ("9O", "9O")):
+        assert main(["audit", "SoftmaxFwdOp", "--arch", archs]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err == (
+            f"tileops: audit --arch {archs}: {part!r} is no arch audit simulates; it knows "
+            "80, 86, 89, 90\n"
+        )

@@ -10,9 +10,11 @@ import sys
 import pytest
 from cli_kit import plant, rows_kernel, rows_op_known
 
-from tileops.backend import register_detector, register_kernel_builder
+from tileops import Kernel, SoftmaxFwdOp
+from tileops.backend import register_detector, register_kernel_builder, register_kernel_type
 from tileops.backend.plugins import LOADER, LoadFailure
 from tileops.cli import main
+from tileops.ops import SoftmaxInterface
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:
@@ -60,8 +62,8 @@ def test_doctor_gives_a_remedy_for_a_load_failure_and_exits_1(capsys, monkeypatc
     assert "TILEOPS_DISABLE_BACKENDS=broken skips it" in out
 
 
-def test_doctor_warns_about_a_misspelt_preference_and_a_bad_log_name(capsys, monkeypatch):
-    monkeypatch.setenv("TILEOPS_LOG", "dispatch,everything")
+def test_doctor_warns_about_a_misspelt_preference(capsys, monkeypatch):
+    monkeypatch.setenv("TILEOPS_LOG", "dispatch")
     with rows_op_known():
         from tileops.testing import isolated_registry
 
@@ -69,9 +71,8 @@ def test_doctor_warns_about_a_misspelt_preference_and_a_bad_log_name(capsys, mon
             plant(a=rows_kernel("A", preferred_over={"bb"}), b=rows_kernel("B"))
             code, out, _ = run(capsys, "doctor")
     assert code == 0  # warnings only
-    assert "TILEOPS_LOG='dispatch,everything'" in out
+    assert "TILEOPS_LOG='dispatch'" in out
     assert "warning: cli_kit::RowsOp.rows: a is preferred over 'bb'" in out
-    assert "TILEOPS_LOG names 'everything', which is no tileops log" in out
 
 
 def test_warmup_builds_entries_shows_progress_and_sums_up(capsys):
@@ -83,9 +84,62 @@ def test_warmup_builds_entries_shows_progress_and_sums_up(capsys):
     assert "interface" in out and "build s" in out
 
 
-def test_warmup_reports_a_call_it_cannot_build_and_exits_1(capsys):
-    code, out, _ = run(capsys, "warmup", "--op", "GemmOp", "--shapes", "4,4")
-    assert code == 1 and "FAILED GemmOp 4x4 float32: ValueError: " in out
+def test_warmup_reports_a_call_it_cannot_build_and_exits_1(capsys, tileops_registry):
+    class Unbuildable(Kernel, SoftmaxInterface):
+        devices = {"cpu"}
+        preferred_over = {"reference"}
+
+        @classmethod
+        def entry_for(cls, call):
+            def build():
+                raise RuntimeError("no compiler here")
+
+            return (), build
+
+    register_kernel_type(SoftmaxFwdOp, "unbuildable", Unbuildable)
+    code, out, _ = run(capsys, "warmup", "--op", "SoftmaxFwdOp", "--shapes", "4,4")
+    assert code == 1 and "FAILED SoftmaxFwdOp 4x4 float32: RuntimeError: no compiler here" in out
+
+
+def usage_error(capsys, *args: str) -> str:
+    """Run the command, which must fail with exit 2 and one line on stderr; return that line."""
+    code, out, err = run(capsys, *args)
+    assert (code, out) == (2, ""), err
+    assert err.startswith("tileops: ") and err.count("\n") == 1, err
+    return err.strip()
+
+
+def test_warmup_shapes_an_op_cannot_take_are_a_usage_error_naming_the_flag(capsys):
+    err = usage_error(
+        capsys, "warmup", "--op", "SoftmaxFwdOp", "--op", "GemmOp", "--shapes", "8,4096"
+    )
+    assert err == "tileops: --shapes 8,4096: tileops::GemmOp takes M,N,K, got [8, 4096]"
+    # one line on stderr: no progress line, so nothing (not SoftmaxFwdOp's call) was built
+
+
+def test_warmup_refuses_a_bad_dtype_before_building(capsys):
+    err = usage_error(
+        capsys, "warmup", "--op", "LayerNormFwdOp", "--shapes", "2,8", "--dtype", "int64"
+    )
+    assert err.startswith("tileops: LayerNormFwdOp 2x8 int64: tileops::LayerNormFwdOp(): ")
+    assert "argument 'x'" in err and "int64" in err  # the op's own message
+
+
+def test_demo_on_a_gpu_this_machine_lacks_is_a_one_line_error(capsys, monkeypatch):
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    err = usage_error(capsys, "demo", "--device", "cuda:0")
+    assert err == (
+        "tileops: demo --device cuda:0: this machine has no cuda:0; leave --device out to run "
+        "on the best device here"
+    )
+
+
+def test_demo_on_meta_is_a_one_line_error(capsys):
+    err = usage_error(capsys, "demo", "--device", "meta")
+    assert err == (
+        "tileops: demo --device meta: meta tensors hold no data, so nothing can run or be "
+        "checked; pass cpu or cuda"
+    )
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

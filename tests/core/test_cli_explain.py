@@ -81,7 +81,7 @@ def test_omit_leaves_an_optional_input_out(capsys):
 
 def test_bad_inputs_are_the_ops_own_usage_errors(capsys):
     code, _, err = run(capsys, "explain", "GemmOp", "--shape", "4,4")
-    assert code == 2 and "tileops::GemmOp takes --shape M,N,K, got [4, 4]" in err
+    assert code == 2 and "--shape 4,4: tileops::GemmOp takes M,N,K, got [4, 4]" in err
     code, _, err = run(capsys, "explain", "RMSNormFwdOp", "--shape", "4,a")
     assert code == 2 and "a shape is integers separated by ',' or 'x'" in err
     code, _, err = run(
@@ -147,3 +147,66 @@ def test_calibration_takes_short_board_names(capsys, calibration, board):
         capsys, "explain", "SoftmaxFwdOp", "--shape", "4,8", *H200, "--calibration", calibration
     )
     assert code == 0 and f"132 SMs, {board}, 232448 B" in out
+
+
+def usage_error(capsys, *args: str) -> str:
+    """Run the command, which must fail with exit 2 and one line on stderr; return that line."""
+    code, out, err = run(capsys, *args)
+    assert (code, out) == (2, ""), err
+    assert err.startswith("tileops: ") and err.count("\n") == 1, err
+    return err.strip()
+
+
+def test_an_input_dtype_the_op_does_not_take_is_its_usage_error(capsys):
+    err = usage_error(capsys, "explain", "RMSNormFwdOp", "--shape", "8,4096", "--dtype", "int32")
+    assert "RMSNormFwdOp(): argument 'x'" in err and "int32" in err
+
+
+@pytest.mark.parametrize(
+    "shape, message",
+    [
+        (
+            "99999999999999999999,4096",
+            "--shape 99999999999999999999,4096: a size is at most 9223372036854775807, "
+            "got 99999999999999999999",
+        ),
+        (
+            "9223372036854775807,4096",
+            "--shape 9223372036854775807,4096: input 'x' of shape [9223372036854775807, 4096] "
+            "would hold more elements than a tensor can (9223372036854775807)",
+        ),
+    ],
+)
+def test_a_shape_no_tensor_can_have_is_a_one_line_error(capsys, shape, message):
+    assert usage_error(capsys, "explain", "RMSNormFwdOp", "--shape", shape) == f"tileops: {message}"
+
+
+def test_an_arch_without_a_known_board_needs_its_facts_given(capsys):
+    err = usage_error(
+        capsys, "explain", "SoftmaxFwdOp", "--shape", "4,8", "--device", "cuda", "--arch", "75"
+    )
+    assert err == (
+        "tileops: --arch 75: no typical board of sm_75 is known (known: 80, 86, 89, 90); pass "
+        "--sm-count and --smem-budget (and --calibration to name a board) to simulate it"
+    )
+    code, out, _ = run(
+        capsys, "explain", "SoftmaxFwdOp", "--shape", "4,8", "--device", "cuda", "--arch", "75",
+        "--sm-count", "40", "--smem-budget", "65536",
+    )  # fmt: skip
+    assert code == 0
+    assert "device: cuda (simulated: sm_75, 40 SMs, no board model, 65536 B shared memory" in out
+    assert "A100" not in out
+
+
+def test_simulated_facts_need_a_cuda_device(capsys):
+    err = usage_error(
+        capsys, "explain", "SoftmaxFwdOp", "--shape", "4,8", "--device", "cpu", "--arch", "90"
+    )
+    assert err == (
+        "tileops: --arch simulates a GPU: pass --device cuda (or cuda:N) with it, not --device cpu"
+    )
+    err = usage_error(capsys, "explain", "SoftmaxFwdOp", "--shape", "4,8", "--sm-count", "10")
+    assert (
+        err
+        == "tileops: --sm-count is a simulated GPU fact: pass --arch (and --device cuda) with it"
+    )

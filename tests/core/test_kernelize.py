@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import tileops.nn as tnn
+from tileops import ArgumentError
 
 D, HEADS, VOCAB = 16, 2, 50
 
@@ -205,3 +206,22 @@ def test_report_prints_as_tables():
     assert "swapped 1 module(s)" in text and "torch.nn.Linear" in text
     assert "tileops.nn.Linear" in text and "skipped 1" in text
     assert "test_kernelize.MyNorm" in text
+
+
+def test_modules_takes_a_single_class():
+    model, _, _ = _models("transformer")
+    report = tnn.kernelize(model, modules=nn.LayerNorm)
+    assert [s.name for s in report.swapped] == ["norm2"]
+    assert type(model.norm1) is nn.RMSNorm
+
+
+@pytest.mark.parametrize("modules", ["LayerNorm", b"LayerNorm"])
+def test_modules_as_a_string_is_refused_naming_the_argument(modules):
+    with pytest.raises(ArgumentError, match=r"^kernelize\(\): argument 'modules' takes a torch"):
+        tnn.kernelize(nn.LayerNorm(2), modules=modules)
+
+
+@pytest.mark.parametrize("modules", [[nn.LayerNorm(2)], [nn.LayerNorm, "Linear"], 3])
+def test_modules_holding_other_than_classes_is_refused_naming_what(modules):
+    with pytest.raises(ArgumentError, match=r"^kernelize\(\): argument 'modules' takes a torch"):
+        tnn.kernelize(nn.LayerNorm(2), modules=modules)

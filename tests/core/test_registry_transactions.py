@@ -1,7 +1,9 @@
-"""Transactions undo their own changes only; simulations forget only their device's selections."""
+"""Transactions undo their own changes only, in a registry every thread shares; simulations keep
+their selections apart and forget only those."""
 
 from __future__ import annotations
 
+import contextvars
 import threading
 
 import pytest
@@ -59,7 +61,7 @@ def test_undo_leaves_a_slot_someone_else_changed_since():
 REGISTRY_SOURCE = Source("another thread's library")
 
 
-def test_a_simulation_forgets_only_its_own_devices_selections():
+def test_a_simulation_keeps_its_selections_apart_and_forgets_only_those():
     op = make_op({"k": kernel("K", devices={"cpu", "cuda"})})()
     cpu_call = call("cpu")
     op.kernel_for(INTERFACE, cpu_call)
@@ -69,8 +71,10 @@ def test_a_simulation_forgets_only_its_own_devices_selections():
     with simulate_device("cuda:3", arch=90, sm_count=132):
         op.kernel_for(INTERFACE, call("cuda:3"))
         assert (INTERFACE, cpu_call) in op._table.hits
+        assert (INTERFACE, call("cuda:3")) not in op._table.hits  # not for other contexts
+        assert len(op._table.scoped) == 1
     assert (INTERFACE, cpu_call) in op._table.hits
-    assert (INTERFACE, call("cuda:3")) not in op._table.hits  # stale once the simulation ends
+    assert not op._table.scoped  # stale once the simulation ends
     assert softmax._table.hits == before
 
 
@@ -126,3 +130,22 @@ def in_thread_raising(action) -> None:
     in_thread(run)
     if raised:
         raise raised[0]
+
+
+def test_isolated_registry_is_process_wide_while_it_lasts():
+    """What the block registers, every thread sees until the block ends (it isolates a test
+    from the next, not from threads beside it)."""
+    seen = []
+    with isolated_registry():
+        register_detector(target="shared", detect=lambda device: False)
+        in_thread(lambda: seen.append("shared" in REGISTRY.targets()))
+    in_thread(lambda: seen.append("shared" in REGISTRY.targets()))
+    assert seen == [True, False]
+
+
+def test_isolated_registry_undoes_what_threads_in_a_copy_of_its_context_registered():
+    with isolated_registry():
+        copied = contextvars.copy_context()
+        in_thread(lambda: copied.run(register_detector, "copied", lambda device: False))
+        assert "copied" in REGISTRY.targets()
+    assert "copied" not in REGISTRY.targets()

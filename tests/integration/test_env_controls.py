@@ -69,3 +69,44 @@ def test_only_allowed_and_not_denied_backends_are_imported(
     assert result["failures"] == failures
     assert result["warned"] == len(failures)
     assert result["key"] == key
+
+
+FLAGS = """
+warned = load_backends()
+from tileops.backend import load_failures
+import tileops_triton.compile
+emit(failures=load_failures(), warned=warned, autotune=tileops_triton.compile.AUTOTUNE)
+"""
+
+
+def not_a_boolean(variable: str, value: str) -> str:
+    return (
+        f"{variable}={value!r} is not a boolean: use 1, true, yes or on; 0, false, no or off; "
+        "or leave it empty"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "autotune"), [("off", False), ("No", False), (" 0 ", False), ("on", True), ("", True)]
+)
+def test_tileops_triton_autotune_reads_the_boolean_words(
+    sites: Sites, value: str, autotune: bool
+) -> None:
+    result = sites.python(FLAGS, env={"TILEOPS_TRITON_AUTOTUNE": value})
+    assert result["autotune"] is autotune and result["failures"] == []
+
+
+def test_a_flag_that_is_no_boolean_is_reported_at_load_naming_the_variable(sites: Sites) -> None:
+    script = """
+    warned = load_backends()
+    from tileops.backend import backends, load_failures
+    emit(failures=load_failures(), warned=warned, loaded=[b.entry_point for b in backends()])
+    """
+    env = {"TILEOPS_STRICT": "banana", "TILEOPS_TRITON_AUTOTUNE": "yes please"}
+    result = sites.python(script, env=env)
+    strict = f"TILEOPS_STRICT (operator setting): {not_a_boolean('TILEOPS_STRICT', 'banana')}"
+    triton = "triton (tileops-triton-backend): ControlError: " + not_a_boolean(
+        "TILEOPS_TRITON_AUTOTUNE", "yes please"
+    )
+    assert result["failures"] == [triton, strict]
+    assert len(result["warned"]) == 2 and "triton" not in result["loaded"]

@@ -92,3 +92,53 @@ def test_names_that_match_nothing_are_reported_like_unknown_backends(sites: Site
         "entry 'garbage' is not of the form OP[.INTERFACE]=WINNER>LOSER" in f for f in failures
     )
     assert result["key"] == "acme"
+
+
+GRADIENT = """
+warned = load_backends()
+import torch
+from tileops.backend import load_failures
+from tileops.ops import RMSNormFwdOp
+op = RMSNormFwdOp(64)
+x = torch.randn(4, 64, requires_grad=True)
+op(x, torch.ones(64)).sum().backward()
+emit(failures=load_failures(), grad=list(x.grad.shape), key=op.key_for("rms_norm",
+     op.call_for(x.detach(), torch.ones(64))))
+"""
+
+
+def test_a_pin_without_interface_pins_only_the_interfaces_its_key_implements(
+    sites: Sites,
+) -> None:
+    result = sites.python(GRADIENT, dists=["acme"], env={"TILEOPS_PIN": "RMSNormFwdOp=reference"})
+    assert result == {"failures": [], "grad": [4, 64], "key": "reference"}
+
+
+def test_a_pin_on_an_interface_is_checked_against_that_interfaces_keys(sites: Sites) -> None:
+    env = {"TILEOPS_PIN": "RMSNormFwdOp.backward=reference"}
+    result = sites.python(SETTLE, dists=["acme"], env=env)
+    assert result["failures"] == [
+        "TILEOPS_PIN (operator setting): TILEOPS_PIN RMSNormFwdOp.backward=reference names key "
+        "'reference', which does not implement tileops::RMSNormFwdOp.backward (its keys there: "
+        "reference_backward)"
+    ]
+
+
+def test_conflicting_pins_are_reported_and_none_applies(sites: Sites) -> None:
+    env = {"TILEOPS_PIN": "RMSNormFwdOp.rms_norm=acme,RMSNormFwdOp=reference"}
+    result = sites.python(SETTLE, dists=["acme"], env=env)
+    assert result["failures"] == [
+        "TILEOPS_PIN (operator setting): TILEOPS_PIN pins tileops::RMSNormFwdOp.rms_norm to "
+        "'acme' (TILEOPS_PIN RMSNormFwdOp.rms_norm=acme) and 'reference' (TILEOPS_PIN "
+        "RMSNormFwdOp=reference); none applies there: keep one"
+    ]
+    assert result["key"] == "acme"  # acme outranks the reference on its own, unpinned
+
+
+def test_an_unknown_log_name_is_reported_at_load_and_by_doctor_once(sites: Sites) -> None:
+    env = {"TILEOPS_LOG": "dispatch,everything"}
+    result = sites.python(SETTLE, env=env)
+    problem = "TILEOPS_LOG names 'everything', which is no tileops log; use one of: dispatch"
+    assert result["failures"] == [f"TILEOPS_LOG (operator setting): {problem}"]
+    doctor = sites.cli("doctor", env=env, check=False)
+    assert doctor.returncode == 1 and doctor.stdout.count(problem) == 1

@@ -9,6 +9,7 @@ from .device import DeviceFacts
 from .errors import (
     AmbiguousDispatchError,
     AmbiguousTargetError,
+    ArgumentError,
     BackendError,
     CallSpecFieldError,
     ControlError,
@@ -41,6 +42,7 @@ __all__ = [
     "BUILTIN",
     "AmbiguousDispatchError",
     "AmbiguousTargetError",
+    "ArgumentError",
     "BackendError",
     "BatchNormFwdOp",
     "CallSpec",

@@ -4,16 +4,18 @@ Process-wide rules come from the environment, read once after the backends load:
 
     TILEOPS_DENY="RMSNormFwdOp.rms_norm=acme,GemmOp=triton"   (no interface: every interface)
     TILEOPS_PREFER="RMSNormFwdOp.rms_norm=fastnorm_rms>acme"
-    TILEOPS_PIN="RMSNormFwdOp.rms_norm=tilelang_block_row"
-    TILEOPS_STRICT=1   (a GPU call that only a `general` fallback serves raises)
+    TILEOPS_PIN="RMSNormFwdOp.rms_norm=tilelang_block_row"   (no interface: where the key is)
+    TILEOPS_STRICT=1   (a GPU call that only a `general` fallback serves raises; booleans
+                        read by `env_flag`: 1/true/yes/on, 0/false/no/off, empty)
 
 and from `prefer(...)` at run time. Like registrations, they shape the kernel tables of op
-instances constructed after them. Names that match nothing are recorded in
-`tileops.backend.load_failures()` with a warning, as unknown backend names are.
+instances constructed after them. Names that match nothing, and pins that conflict, are
+recorded in `tileops.backend.load_failures()` with a warning, as unknown backend names are.
 
 `pinned(...)` pins a key for the calls inside a `with` block only (per thread and task, through
-a context variable). While no block is active anywhere, op instances read their plain hit cache:
-the hit path pays nothing for pins or records that nobody uses.
+a context variable), as `record()` records and `tileops.testing.simulate_device` simulates a
+device. While no such block is active anywhere, op instances read their plain hit cache: the
+hit path pays nothing for pins, records or simulations that nobody uses.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ import functools
 import os
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .device import NO_SIMULATIONS, SIMULATED
 from .errors import ControlError
 
 if TYPE_CHECKING:
@@ -69,7 +72,8 @@ class Rules:
         self.rules: list[Rule] = []
 
     def load_environment(self) -> list[tuple[str, str]]:
-        """Read the variables; returns (origin, problem) for every entry that cannot parse."""
+        """Read the variables; returns (origin, problem) for every entry that cannot parse,
+        and for the other core settings whose values mean nothing (TILEOPS_STRICT)."""
         problems = []
         for variable, split in ((DENY, False), (PIN, False), (PREFER, True)):
             for entry in filter(None, (e.strip() for e in os.environ.get(variable, "").split(","))):
@@ -78,29 +82,56 @@ class Rules:
                     problems.append((variable, rule))
                 else:
                     self.rules.append(rule)
-        return problems
+        return problems + _setting_problems()
 
-    def for_op(self, op_cls: type[Op]) -> dict[str, InterfaceRules]:
+    def for_op(
+        self, op_cls: type[Op], keys: Mapping[str, Collection[str]]
+    ) -> dict[str, InterfaceRules]:
+        """The rules in force on each interface of `op_cls`, whose keys per interface are
+        `keys`. A pin naming no interface applies where its key implements the interface;
+        pins that conflict on one interface leave it unpinned (`unmatched` reports them)."""
         from .backend.registry import REGISTRY
 
         found = {name: InterfaceRules() for name in op_cls.interfaces}
         for rule in [*self.rules, *REGISTRY.rules()]:
-            if not _names(op_cls, rule.op):
+            if not _names(op_cls, rule.op) or rule.origin.startswith(PIN):
                 continue
             for interface in [rule.interface] if rule.interface else list(op_cls.interfaces):
                 if interface not in found:
                     continue
-                rules = found[interface]
                 if rule.origin.startswith(DENY):
-                    rules.denied[rule.keys[0]] = rule.origin
-                elif rule.origin.startswith(PIN):
-                    rules.pin = (rule.keys[0], rule.origin)
+                    found[interface].denied[rule.keys[0]] = rule.origin
                 else:
-                    rules.edges[rule.keys] = rule.origin
+                    found[interface].edges[rule.keys] = rule.origin
+        for interface, pins in self._pins(op_cls, keys).items():
+            if len(pins) == 1:
+                (key, rule), *_ = pins.items()
+                found[interface].pin = (key, rule.origin)
         return found
 
+    def _pins(
+        self, op_cls: type, keys: Mapping[str, Collection[str]]
+    ) -> dict[str, dict[str, Rule]]:
+        """Interface -> the keys the environment pins there (each with the first rule that
+        does): more than one is a conflict."""
+        pins: dict[str, dict[str, Rule]] = {}
+        for rule in self.rules:
+            if not rule.origin.startswith(PIN) or not _names(op_cls, rule.op):
+                continue
+            key = rule.keys[0]
+            for interface in op_cls.interfaces:
+                named = (
+                    key in keys[interface]
+                    if rule.interface is None
+                    else rule.interface == interface
+                )
+                if named:
+                    pins.setdefault(interface, {}).setdefault(key, rule)
+        return pins
+
     def unmatched(self, known_ops: dict[str, type], keys_of: Any) -> list[str]:
-        """Sentences for the rules that name no op, no interface or no installed key."""
+        """Sentences for the rules that name no op, no interface or no installed key (a rule
+        naming an interface: no key of that interface), and for pins that conflict."""
         problems = []
         for rule in self.rules:
             ops = [cls for cls in known_ops.values() if _names(cls, rule.op) and cls.interfaces]
@@ -108,19 +139,59 @@ class Rules:
                 problems.append(f"{rule} names op {rule.op!r}, which no installed op has")
                 continue
             for op_cls in ops:
-                if rule.interface and rule.interface not in op_cls.interfaces:
-                    problems.append(
-                        f"{rule} names interface {rule.interface!r}, which {op_cls.op_name} lacks "
-                        f"(it has {', '.join(op_cls.interfaces)})"
-                    )
-                    continue
-                missing = [k for k in rule.keys if k not in keys_of(op_cls)]
-                if missing:
-                    problems.append(
-                        f"{rule} names key {missing[0]!r}, which no installed kernel of "
-                        f"{op_cls.op_name} has"
-                    )
+                problem = _unmatched_on(rule, op_cls, keys_of(op_cls))
+                if problem:
+                    problems.append(problem)
+        pinned = {cls for cls in known_ops.values() for r in self.rules if _names(cls, r.op)}
+        for op_cls in sorted(pinned, key=lambda cls: cls.op_name):
+            problems += self._conflicts(op_cls)
         return problems
+
+    def _conflicts(self, op_cls: type) -> list[str]:
+        keys = {interface: _keys_on(op_cls, interface) for interface in op_cls.interfaces}
+        problems = []
+        for interface, pins in self._pins(op_cls, keys).items():
+            if len(pins) > 1:
+                named = [f"{key!r} ({rule})" for key, rule in pins.items()]
+                problems.append(
+                    f"{PIN} pins {op_cls.op_name}.{interface} to {', '.join(named[:-1])} and "
+                    f"{named[-1]}; none applies there: keep one"
+                )
+        return problems
+
+
+def _unmatched_on(rule: Rule, op_cls: type, installed: Collection[str]) -> str | None:
+    """Why `rule` names nothing on `op_cls`, or None."""
+    if rule.interface and rule.interface not in op_cls.interfaces:
+        return (
+            f"{rule} names interface {rule.interface!r}, which {op_cls.op_name} lacks "
+            f"(it has {', '.join(op_cls.interfaces)})"
+        )
+    missing = [k for k in rule.keys if k not in installed]
+    if missing:
+        return f"{rule} names key {missing[0]!r}, which no installed kernel of {op_cls.op_name} has"
+    if rule.interface:
+        there = _keys_on(op_cls, rule.interface)
+        elsewhere = [k for k in rule.keys if k not in there]
+        if elsewhere:
+            return (
+                f"{rule} names key {elsewhere[0]!r}, which does not implement "
+                f"{op_cls.op_name}.{rule.interface} (its keys there: "
+                f"{', '.join(sorted(there)) or 'none'})"
+            )
+    return None
+
+
+def _keys_on(op_cls: type, interface: str) -> set[str]:
+    """The installed keys of `op_cls` whose classes implement its `interface`."""
+    from .backend.registry import REGISTRY
+
+    classes = {**op_cls.kernel_types}
+    classes.update({key: r.cls for key, r in REGISTRY.kernel_types(op_cls).items()})
+    wanted = op_cls.interfaces[interface]
+    return {
+        key for key, cls in classes.items() if isinstance(cls, type) and issubclass(cls, wanted)
+    }
 
 
 def _names(op_cls: type, name: str) -> bool:
@@ -176,8 +247,9 @@ _scope: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("tileops_s
 
 
 class ScopedHits:
-    """Stands in for an op's hit cache while some pin or record is active in the process: a
-    hit then consults the current context's scope (and the plain cache when it has none)."""
+    """Stands in for an op's hit cache while some pin, record or device simulation is active in
+    the process: a hit then consults the current context's (and the plain cache when it has
+    none of them)."""
 
     def __init__(self, op: Op) -> None:
         self.op = op
@@ -185,16 +257,35 @@ class ScopedHits:
     def get(self, key: tuple) -> Any:
         table = self.op._table
         det = torch._C._get_deterministic_algorithms()
-        scope = _scope.get()
-        if scope is None:
+        scope, simulations = _scope.get(), SIMULATED.get()
+        if scope is None and simulations is NO_SIMULATIONS:
             return table.modes[det][0].get(key)
-        return table.scoped_hit(key, scope, det)
+        return table.scoped_hit(key, scope, simulations, det)
+
+
+Variant = tuple[Any, Any]
+"""(pinned key, device simulation) a context asks for one call: selections made under either
+are kept apart from the plain ones, which every other context shares."""
+
+
+def variant(
+    op_cls: type, interface: str, call: Any, scope: Scope | None, simulations: Mapping
+) -> Variant | None:
+    """What the context asks of dispatch for this call, or None when it asks nothing."""
+    pin = scope.pins.get((op_cls, interface)) if scope is not None else None
+    simulation = simulations.get(getattr(call, "device", None)) if simulations else None
+    return None if pin is None and simulation is None else (pin, simulation)
+
+
+def current_variant(op_cls: type, interface: str, call: Any) -> Variant | None:
+    """`variant` in the current thread or task."""
+    return variant(op_cls, interface, call, _scope.get(), SIMULATED.get())
 
 
 class Scopes:
     """Decides which cache each live op's hits read, so that a hit is one plain dict lookup
-    while no pin or record is active anywhere: the cache of the current determinism mode, or,
-    while some scope is active, a `ScopedHits` that consults the caller's context.
+    while no pin, record or simulation is active anywhere: the cache of the current determinism
+    mode, or, while some is active, a `ScopedHits` that consults the caller's context.
 
     Switching happens on the first and last scope, and when torch's determinism flag changes
     through `torch.use_deterministic_algorithms` (watched: torch offers no callback)."""
@@ -217,11 +308,20 @@ class Scopes:
             {**outer.pins, **changes.get("pins", {})}, outer.records + changes.get("records", ())
         )
         token = _scope.set(scope)
-        self._count(+1)
         try:
-            yield scope
+            with self.counted():
+                yield scope
         finally:
             _scope.reset(token)
+
+    @contextlib.contextmanager
+    def counted(self) -> Iterator[None]:
+        """While inside, every op's hits consult their context: some context (the caller's)
+        asks something of dispatch (a pin, a record, a device simulation)."""
+        self._count(+1)
+        try:
+            yield
+        finally:
             self._count(-1)
 
     def _count(self, delta: int) -> None:
@@ -309,5 +409,46 @@ def _installed_keys(op_cls: type) -> set[str]:
     return set(op_cls.kernel_types) | set(REGISTRY.kernel_types(op_cls))
 
 
+# -- boolean settings ------------------------------------------------------------------------
+
+STRICT = "TILEOPS_STRICT"
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def env_flag(variable: str, default: bool = False) -> bool:
+    """The boolean setting `variable`, read one way for every TILEOPS_* flag: 1/true/yes/on,
+    0/false/no/off (any case, spaces around ignored), unset or empty for `default`. Anything
+    else raises `ControlError` naming the variable: a typo must not flip a setting."""
+    raw = os.environ.get(variable, "")
+    word = raw.strip().lower()
+    if not word:
+        return default
+    if word in TRUE_WORDS or word in FALSE_WORDS:
+        return word in TRUE_WORDS
+    raise ControlError(
+        f"{variable}={raw!r} is not a boolean: use {', '.join(TRUE_WORDS[:-1])} or "
+        f"{TRUE_WORDS[-1]}; {', '.join(FALSE_WORDS[:-1])} or {FALSE_WORDS[-1]}; or leave it empty"
+    )
+
+
+def _setting_problems() -> list[tuple[str, str]]:
+    """(variable, problem) for each core flag whose value is no boolean and each TILEOPS_LOG
+    name that is no log: reported when the backends load, not left to be ignored."""
+    problems = []
+    for variable in (STRICT,):
+        try:
+            env_flag(variable)
+        except ControlError as exc:
+            problems.append((variable, str(exc)))
+    from . import observe
+
+    known = ", ".join(observe.LOGGERS)
+    for name in observe.unknown_log_names():
+        problem = f"{observe.LOG_VARIABLE} names {name!r}, which is no tileops log; use one of: "
+        problems.append((observe.LOG_VARIABLE, problem + known))
+    return problems
+
+
 def strict() -> bool:
-    return os.environ.get("TILEOPS_STRICT", "") not in ("", "0")
+    """Whether TILEOPS_STRICT is on (read on the fallback path only, so tests can set it)."""
+    return env_flag(STRICT)

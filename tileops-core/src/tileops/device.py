@@ -1,14 +1,21 @@
 """Facts of one device that kernels select and build by, read once per device index.
 
 Facts are read from the call's own device index, never the current device, and only on a
-dispatch miss. `simulate` lets tests and `explain` pretend a device exists.
+dispatch miss. `simulating` lets tests and `explain` pretend a device exists: in the current
+thread or asyncio task only (a context variable), so a simulation never shows another thread a
+board it does not have, nor ends another thread's simulation. What dispatch selected under a
+simulation is kept apart from the process-wide selections (see control.ScopedHits) and dropped
+when the simulation ends.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 
@@ -40,19 +47,27 @@ class Simulation:
         self.reads = 0
 
 
-_cache: dict[tuple[str, int | None], DeviceFacts] = {}
-_simulations: dict[tuple[str, int | None], Simulation] = {}
+Slot = tuple[str, int | None]
+
+_cache: dict[Slot, DeviceFacts] = {}
 _lock = threading.Lock()
-_simulation_listeners: list[Callable[[tuple[str, int | None]], None]] = []
+_end_listeners: list[Callable[[Simulation], None]] = []
+NO_SIMULATIONS: Mapping[torch.device, Simulation] = MappingProxyType({})
+SIMULATED: contextvars.ContextVar[Mapping[torch.device, Simulation]] = contextvars.ContextVar(
+    "tileops_simulated", default=NO_SIMULATIONS
+)
+"""The simulations in force in this thread or task, keyed by every spelling of their device
+(`cuda` and `cuda:0` alike), so that a lookup needs no normalising: usually empty. Each value
+set is a new dict, never changed afterwards (a plain dict: hits in a simulation read it)."""
 
 
-def on_simulation_change(listener: Callable[[tuple[str, int | None]], None]) -> None:
-    """Call `listener(slot)` whenever a simulation of the device in `slot` starts or ends:
-    facts seen so far for that device may be stale."""
-    _simulation_listeners.append(listener)
+def on_simulation_end(listener: Callable[[Simulation], None]) -> None:
+    """Call `listener(simulation)` when a simulation ends: what was selected under it (and
+    only that) is stale."""
+    _end_listeners.append(listener)
 
 
-def device_slot(device: torch.device) -> tuple[str, int | None]:
+def device_slot(device: torch.device) -> Slot:
     """The key facts are kept under: `cuda` without an index is the default device, cuda:0."""
     if device.type == "cuda" and device.index is None:
         return ("cuda", 0)
@@ -60,12 +75,13 @@ def device_slot(device: torch.device) -> tuple[str, int | None]:
 
 
 def device_facts(device: torch.device) -> DeviceFacts:
-    """The facts of `device`: simulated if a simulation covers it, else read once and cached."""
-    slot = device_slot(device)
-    simulation = _simulations.get(slot)
+    """The facts of `device`: simulated if a simulation of this context covers it, else read
+    once and cached for the process."""
+    simulation = SIMULATED.get().get(device)
     if simulation is not None:
         simulation.reads += 1
         return simulation.facts
+    slot = device_slot(device)
     facts = _cache.get(slot)
     if facts is None:
         with _lock:
@@ -74,7 +90,7 @@ def device_facts(device: torch.device) -> DeviceFacts:
     return facts
 
 
-def _read(slot: tuple[str, int | None]) -> DeviceFacts:
+def _read(slot: Slot) -> DeviceFacts:
     kind, index = slot
     if kind != "cuda":
         return _HOST_FACTS
@@ -87,26 +103,26 @@ def _read(slot: tuple[str, int | None]) -> DeviceFacts:
     )
 
 
-def push_simulation(simulation: Simulation) -> Simulation | None:
-    """Install `simulation`; returns the one it shadows so the caller can restore it."""
-    slot = device_slot(simulation.device)
-    with _lock:
-        previous = _simulations.get(slot)
-        _simulations[slot] = simulation
-    _notify(slot)
-    return previous
+@contextlib.contextmanager
+def simulating(simulation: Simulation) -> Iterator[Simulation]:
+    """Inside the block, in this context only, `simulation` stands in for its device's facts
+    (shadowing an outer simulation of the same device, which returns on exit)."""
+    from .control import SCOPES  # control reads this module's context; it loads first
+
+    spellings = dict.fromkeys(_spellings(simulation.device), simulation)
+    token = SIMULATED.set({**SIMULATED.get(), **spellings})
+    try:
+        with SCOPES.counted():  # while it lasts, hits consult their context
+            yield simulation
+    finally:
+        SIMULATED.reset(token)
+        for listener in _end_listeners:
+            listener(simulation)
 
 
-def pop_simulation(simulation: Simulation, previous: Simulation | None) -> None:
-    slot = device_slot(simulation.device)
-    with _lock:
-        if previous is None:
-            _simulations.pop(slot, None)
-        else:
-            _simulations[slot] = previous
-    _notify(slot)
-
-
-def _notify(slot: tuple[str, int | None]) -> None:
-    for listener in _simulation_listeners:
-        listener(slot)
+def _spellings(device: torch.device) -> list[torch.device]:
+    """Every torch.device naming the same device slot: `cuda` is `cuda:0`."""
+    kind, index = device_slot(device)
+    if kind == "cuda" and index == 0:
+        return [torch.device("cuda"), torch.device("cuda", 0)]
+    return [device]

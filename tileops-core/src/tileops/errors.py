@@ -63,6 +63,10 @@ class OpConfigError(TileOpsError, ValueError):
     """An op was constructed with a parameter it cannot accept."""
 
 
+class ArgumentError(TileOpsError, TypeError):
+    """A tileops function was passed an argument of a kind it does not take."""
+
+
 def add_note(exc: BaseException, note: str) -> None:
     """Attach `note` (where the failure came from) to `exc`, keeping its type and message."""
     if hasattr(exc, "add_note"):

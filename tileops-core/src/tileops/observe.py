@@ -5,6 +5,7 @@ from `_shared_entry` (table.py). A hit is one dict lookup and never reaches this
 
 People read the `tileops.dispatch` logger: `TILEOPS_LOG=dispatch` prints one line per decision
 on stderr (configuring the logger at INFO does the same; DEBUG adds every build and its time).
+A name that is no log is reported in `tileops.backend.load_failures()` when the backends load.
 Programs implement the pluggy hooks `tileops_dispatch_decided` and `tileops_entry_built`
 (declared in `tileops.backend.plugins.BackendHooks`) with `tileops.backend.hookimpl`, in a
 backend module (loaded through its entry point) or in any object passed to `add_observer`.
@@ -114,10 +115,19 @@ def _fire(name: str, **kwargs: Any) -> None:
         )
 
 
+def _log_names() -> list[str]:
+    return [n.strip() for n in os.environ.get(LOG_VARIABLE, "").split(",") if n.strip()]
+
+
+def unknown_log_names() -> list[str]:
+    """The names in `TILEOPS_LOG` that are no tileops log (reported when the backends load)."""
+    return list(dict.fromkeys(n for n in _log_names() if n not in LOGGERS))
+
+
 def configure_from_environment() -> list[str]:
     """Turn on the loggers `TILEOPS_LOG` names, printing to stderr; returns unknown names."""
-    names = [n.strip() for n in os.environ.get(LOG_VARIABLE, "").split(",") if n.strip()]
-    unknown = [n for n in names if n not in LOGGERS]
+    names = _log_names()
+    unknown = unknown_log_names()
     for name in dict.fromkeys(n for n in names if n in LOGGERS):
         target = logging.getLogger(LOGGERS[name])
         if not any(getattr(h, "_tileops", False) for h in target.handlers):

@@ -19,7 +19,7 @@ from .backend.plugins import LOADER, failure_note
 from .backend.registry import BUILTIN, REGISTRY
 from .call import CallSpec, check_fields
 from .cases import Case
-from .control import SCOPES, current_pin
+from .control import SCOPES, current_variant
 from .errors import (
     AmbiguousTargetError,
     BackendError,
@@ -89,7 +89,7 @@ class Op:
 
     def key_for(self, interface: str, call: CallSpec) -> str:
         """The key that would serve `call` here and now, without building anything."""
-        if current_pin(type(self), interface) is not None:
+        if current_variant(type(self), interface, call) is not None:  # a pin, a simulation
             return self._table.select(interface, call).key
         try:
             key = self._table.modes[_deterministic()][1].get((interface, call))

@@ -11,8 +11,9 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,8 +23,8 @@ from .backend.plugins import distributions_serving, failure_note
 from .backend.registry import REGISTRY
 from .call import CallSpec, check_fields
 from .candidates import candidates_of
-from .control import RULES, Scope, current_pin, strict
-from .device import device_slot, on_simulation_change
+from .control import RULES, Scope, Variant, current_pin, current_variant, strict
+from .device import SIMULATED, Simulation, on_simulation_end
 from .errors import BackendError, KernelDeclarationError, NoImplementationError, add_note
 from .explain import Explanation
 from .record import record_call
@@ -41,6 +42,13 @@ selected again on its next use (a miss, microseconds), while a hit stays one dic
 ENTRY_LIMIT = 1024
 """Built entries kept per op class, by build identity; the oldest quarter goes past it."""
 
+FALLBACK_WARNINGS = 16
+FALLBACK_WINDOW = 60.0
+"""At most FALLBACK_WARNINGS fallback warnings per op table in FALLBACK_WINDOW seconds: an op
+called with ever-new shapes that all fall back must not flood the log."""
+
+_now = time.monotonic
+
 
 class KernelTable:
     def __init__(self, op_cls: type[Op]) -> None:
@@ -50,15 +58,21 @@ class KernelTable:
         self.sources = {
             name: {c.key: c.source for c in cands} for name, cands in self.candidates.items()
         }
-        self.rules = RULES.for_op(op_cls)
+        self.rules = RULES.for_op(
+            op_cls, {i: {c.key for c in cs} for i, cs in self.candidates.items()}
+        )
         self.outranks = {
             name: self._outranking(name, cands) for name, cands in self.candidates.items()
         }
         # Selections per determinism mode (torch.use_deterministic_algorithms off / on):
         # (hits, keys), each keyed by (interface, call).
         self.modes: dict[bool, tuple[dict, dict]] = {False: ({}, {}), True: ({}, {})}
-        self.pinned: dict[tuple, Callable[..., Any]] = {}  # (key, det, interface, call)
-        self.fallbacks_seen: set[tuple[str, CallSpec]] = set()
+        # Selections of contexts that pin or simulate, per variant (their pin, their
+        # simulation) and determinism mode: (interface, call) -> (entry, key). A simulation's
+        # go when it ends (forget_simulation).
+        self.scoped: dict[Variant, tuple[dict, dict]] = {}
+        self.fallbacks_seen: dict[tuple, None] = {}  # (interface, call, simulation); bounded
+        self.fallback_log = FallbackLog(self.op)
         _live_tables.add(self)
 
     @property
@@ -105,7 +119,7 @@ class KernelTable:
         if judgement.winner is None:
             raise judgement.error(self.notes(call))
         self._check_fallback(judgement)
-        if pin is None:
+        if current_variant(self.op_cls, interface, call) is None:
             remember(self.modes[det][1], (interface, call), judgement.winner.key, HIT_LIMIT)
         return judgement.winner
 
@@ -119,30 +133,38 @@ class KernelTable:
             raise
         observe.decided(self.op, interface, call, winner, None)
         entry = _shared_entry(self.op_cls, interface, winner, call)
-        pin, det = current_pin(self.op_cls, interface), deterministic_mode()
-        if pin is None:
+        asked, det = current_variant(self.op_cls, interface, call), deterministic_mode()
+        if asked is None:
             remember(self.modes[det][0], (interface, call), entry, HIT_LIMIT)
         else:
-            remember(self.pinned, (pin, det, interface, call), entry, HIT_LIMIT)
+            cache = self.scoped.setdefault(asked, ({}, {}))[det]
+            remember(cache, (interface, call), (entry, winner.key), HIT_LIMIT)
         record_call(self, interface, call, winner.key)
         return entry
 
-    def scoped_hit(self, key: tuple, scope: Scope, det: bool) -> Callable[..., Any] | None:
-        """A hit while pins or records are active somewhere: this context's pin decides the
-        cache, and its records count the call."""
+    def scoped_hit(
+        self, key: tuple, scope: Scope | None, simulations: Mapping, det: bool
+    ) -> Callable[..., Any] | None:
+        """A hit while pins, records or simulations are active somewhere: what this context
+        asks for the call (its pin, its simulation of the call's device) decides the cache,
+        and its records count the call."""
         interface, call = key
-        pin = scope.pins.get((self.op_cls, interface))
-        if pin is None:
+        pin = scope.pins.get((self.op_cls, interface)) if scope is not None else None
+        simulation = simulations.get(getattr(call, "device", None)) if simulations else None
+        asked = None if pin is None and simulation is None else (pin, simulation)  # = variant()
+        if asked is None:
             entry, served = self.modes[det][0].get(key), self.modes[det][1].get(key)
         else:
-            entry, served = self.pinned.get((pin, det, interface, call)), pin
-        if entry is not None and scope.records:
+            caches = self.scoped.get(asked)
+            entry, served = caches[det].get(key, (None, None)) if caches else (None, None)
+        if entry is not None and scope is not None and scope.records:
             record_call(self, interface, call, served)
         return entry
 
     def _check_fallback(self, judgement: Judgement) -> None:
         """A GPU call that only the general fallback serves, because every specialised kernel
-        refused it: say so once per call spec, or refuse under TILEOPS_STRICT=1."""
+        refused it: say so once per call spec (within limits: FallbackLog), or refuse under
+        TILEOPS_STRICT."""
         winner, call = judgement.winner, judgement.call
         if call.device.type != "cuda" or not winner.cls.general:
             return
@@ -155,11 +177,12 @@ class KernelTable:
             f"{call!r}; the specialised kernels refused it: {reasons}"
         )
         if strict():
-            raise NoImplementationError(f"TILEOPS_STRICT=1: {message}")
-        seen = (judgement.interface, call)
+            raise NoImplementationError(f"TILEOPS_STRICT is on: {message}")
+        # A simulation's fallbacks are its own: they must not silence the real device's.
+        seen = (judgement.interface, call, SIMULATED.get().get(call.device))
         if seen not in self.fallbacks_seen:
-            self.fallbacks_seen.add(seen)
-            LOG.warning(message)
+            remember(self.fallbacks_seen, seen, None, HIT_LIMIT)
+            self.fallback_log.warn(message)
 
     def serving(self, interface: str, call: CallSpec) -> str:
         """Which key (and distribution) serves `call`, for messages about its kernel's failures."""
@@ -181,11 +204,45 @@ class KernelTable:
         )
         return [device_note, failure_note()]
 
-    def forget_device(self, slot: tuple[str, int | None]) -> None:
-        """Drop the selections made for calls on the device in `slot`, and only those."""
-        for cache in (*self.modes[False], *self.modes[True], self.pinned):
-            for key in [k for k in list(cache) if device_slot(k[-1].device) == slot]:
-                cache.pop(key, None)
+    def forget_simulation(self, simulation: Simulation) -> None:
+        """Drop the selections made under `simulation`, and only those."""
+        for asked in [a for a in list(self.scoped) if a[1] is simulation]:
+            self.scoped.pop(asked, None)
+
+
+class FallbackLog:
+    """The fallback warnings of one op table, at most FALLBACK_WARNINGS per FALLBACK_WINDOW
+    seconds; the first one of a later window says how many were left out before it."""
+
+    def __init__(self, op: str) -> None:
+        self.op = op
+        self.window_start = -FALLBACK_WINDOW
+        self.logged = self.left_out = 0
+
+    def warn(self, message: str) -> None:
+        now = _now()
+        if now - self.window_start >= FALLBACK_WINDOW:
+            if self.left_out:
+                LOG.warning(
+                    "%s: %d more calls served only by the general fallback were not logged",
+                    self.op,
+                    self.left_out,
+                )
+            self.window_start, self.logged, self.left_out = now, 0, 0
+        if self.logged >= FALLBACK_WARNINGS:
+            self.left_out += 1
+            return
+        self.logged += 1
+        LOG.warning(message)
+        if self.logged == FALLBACK_WARNINGS:
+            LOG.warning(
+                "%s: %d calls served only by the general fallback were logged in %.0f s; further "
+                "ones in that time are counted, not logged (tileops explain shows a call's "
+                "refusals; TILEOPS_STRICT=1 makes them raise)",
+                self.op,
+                FALLBACK_WARNINGS,
+                FALLBACK_WINDOW,
+            )
 
 
 def remember(cache: dict, key: Any, value: Any, limit: int) -> None:
@@ -255,11 +312,11 @@ _table_lock = threading.Lock()
 _live_tables: weakref.WeakSet[KernelTable] = weakref.WeakSet()
 
 
-def _forget_selections(slot: tuple[str, int | None]) -> None:
-    """Selections made under other facts of this device are stale once a simulation of it
-    starts or ends; those for other devices stand."""
+def _forget_simulation(simulation: Simulation) -> None:
+    """What was selected under a simulation serves nobody once it ends; selections made
+    elsewhere (other contexts, other devices) never depended on it and stand."""
     for table in list(_live_tables):
-        table.forget_device(slot)
+        table.forget_simulation(simulation)
 
 
-on_simulation_change(_forget_selections)
+on_simulation_end(_forget_simulation)

@@ -14,7 +14,7 @@ from .backend import register_kernel_type
 from .backend.plugins import LOADER
 from .backend.registry import BUILTIN, REGISTRY
 from .cases import Case
-from .device import DeviceFacts, Simulation, pop_simulation, push_simulation
+from .device import DeviceFacts, Simulation, simulating
 from .kernel import Kernel
 from .op import Op
 from .ops._common import sample_case
@@ -32,7 +32,15 @@ __all__ = [
 
 @contextlib.contextmanager
 def isolated_registry() -> Iterator[None]:
-    """Undo, on exit, every registration and default-target change made inside."""
+    """Undo, on exit, every registration, operator preference and default-target change made
+    inside, in this thread or task (and threads run in a copy of its context).
+
+    The registry is process-wide, and so is this block: what is registered inside is seen by
+    every thread while the block lasts, and what other threads register meanwhile is theirs and
+    survives the exit. It isolates a test from the tests after it, not from threads running
+    beside it. (Per-thread registrations would make every op construction and table lookup
+    depend on the caller's context, where they now share one table per op class.)
+    """
     LOADER.ensure_loaded()
     with REGISTRY.transaction(always_undo=True):
         yield
@@ -47,19 +55,18 @@ def simulate_device(
     calibration: str | None = None,
     smem_budget: int = 0,
 ) -> Iterator[Simulation]:
-    """Make the facts of `device` these values inside the block, GPU or not.
+    """Make the facts of `device` these values inside the block, GPU or not, for this thread
+    or asyncio task only: other threads keep their own facts, and selections made here never
+    serve them. A thread started inside does not inherit it (Python threads start with an
+    empty context) unless it runs in `contextvars.copy_context()`.
 
     The yielded object's `.reads` counts how often the dispatcher read them.
     """
     facts = DeviceFacts(
         arch=arch, sm_count=sm_count, calibration=calibration, smem_budget=smem_budget
     )
-    simulation = Simulation(torch.device(device), facts)
-    previous = push_simulation(simulation)
-    try:
+    with simulating(Simulation(torch.device(device), facts)) as simulation:
         yield simulation
-    finally:
-        pop_simulation(simulation, previous)
 
 
 @dataclass(frozen=True)

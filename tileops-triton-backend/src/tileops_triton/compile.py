@@ -4,23 +4,25 @@ A family hands `tuned` its candidate configs and a function that launches one of
 caller's tensors; the fastest (median of `triton.testing.do_bench`) is remembered under
 (family, build identity), so every entry with that identity, in any op instance, reuses it.
 Configs that do not fit the device (too much shared memory, too many registers) are skipped.
-Under the interpreter, or with TILEOPS_TRITON_AUTOTUNE=0, nothing is timed: the first
-candidate is taken, which is why families list their rule-based default first. Triton's own
-compile cache keeps the binaries on disk.
+Under the interpreter, or with TILEOPS_TRITON_AUTOTUNE=0 (a boolean like every TILEOPS_* flag:
+0/false/no/off; a value that is no boolean fails the backend's load, naming the variable),
+nothing is timed: the first candidate is taken, which is why families list their rule-based
+default first. Triton's own compile cache keeps the binaries on disk.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
+
+from tileops.control import env_flag
 
 from .declare import INTERPRETING
 
 Config = TypeVar("Config")
 
-AUTOTUNE = os.environ.get("TILEOPS_TRITON_AUTOTUNE", "1") != "0"
+AUTOTUNE = env_flag("TILEOPS_TRITON_AUTOTUNE", default=True)
 
 _best: dict[tuple[str, Hashable], Any] = {}
 _lock = threading.Lock()

@@ -115,9 +115,22 @@ class Audit:
         ]
 
 
+def parse_archs(text: str) -> list[int]:
+    """`80,90` -> [80, 90]; only archs with a typical board (devices.PROFILES) can be probed."""
+    known = ", ".join(map(str, devices.PROFILES))
+    archs = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if not part.isdigit() or int(part) not in devices.PROFILES:
+            raise ValueError(
+                f"audit --arch {text}: {part!r} is no arch audit simulates; it knows {known}"
+            )
+        archs.append(int(part))
+    return archs
+
+
 def run(args: argparse.Namespace) -> Outcome:
     LOADER.ensure_loaded()
-    archs = [int(a) for a in args.arch.split(",") if a.strip()]
+    archs = parse_archs(args.arch)
     names = args.ops or sorted(REGISTRY.known_ops)
     op_classes = [REGISTRY.op_class(name) for name in names]
     if args.numerics:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import math
 import re
 import sys
 import typing
@@ -56,15 +57,27 @@ class _Asked(Exception):
     """Raised by the stand-in for `kernel_for` to stop `forward` at its kernel request."""
 
 
+MAX_SIZE = 2**63 - 1
+"""The most elements a tensor (and so each size) can have: torch counts them in an int64."""
+
+
+class ShapeError(ValueError):
+    """A shape given on the command line cannot make the op's inputs; the command that read it
+    names its flag (`--shape`, `--shapes`) in front of the message."""
+
+
 def parse_shape(text: str) -> Shape:
     """`8,4096` or `8x4096` -> (8, 4096)."""
     parts = [p for p in re.split(r"[x,\s]+", text.strip()) if p]
     try:
         shape = tuple(int(p) for p in parts)
     except ValueError:
-        raise ValueError(f"a shape is integers separated by ',' or 'x', got {text!r}") from None
+        raise ShapeError(f"a shape is integers separated by ',' or 'x', got {text!r}") from None
     if not shape or any(d < 0 for d in shape):
-        raise ValueError(f"a shape is one or more sizes >= 0, got {text!r}")
+        raise ShapeError(f"a shape is one or more sizes >= 0, got {text!r}")
+    too_big = [d for d in shape if d > MAX_SIZE]
+    if too_big:
+        raise ShapeError(f"a size is at most {MAX_SIZE}, got {too_big[0]}")
     return shape
 
 
@@ -80,6 +93,10 @@ def parse_dtype(text: str) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"{text!r} is not a torch dtype (e.g. float16, bfloat16, float32)")
     return dtype
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def parse_params(items: Sequence[str]) -> dict[str, Any]:
@@ -111,16 +128,32 @@ def make_inputs(
     op: Op, shape: Shape, dtype: torch.dtype, device: torch.device, omit: Sequence[str] = ()
 ) -> tuple[torch.Tensor | None, ...]:
     """Random inputs of the op's signature on `device` (meta: no memory), the first of
-    `shape`; optional inputs whose shape the signature leaves open, or in `omit`, are None."""
+    `shape`; optional inputs whose shape the signature leaves open, or in `omit`, are None.
+    Any dtype is made, so that the op's own signature judges it (an int32 norm, say)."""
     shapes = _input_shapes(op, shape, set(omit))
     made = []
     for spec, dims in zip(op.signature.inputs, shapes, strict=True):
-        if dims is None:
-            made.append(None)
-            continue
-        t = torch.randn(dims, dtype=dtype, device=device)
-        made.append(t.abs() + 0.5 if "var" in spec.name else t)  # variances must be positive
+        if dims is not None and math.prod(dims) > MAX_SIZE:
+            raise ShapeError(
+                f"input {spec.name!r} of shape {list(dims)} would hold more elements than a "
+                f"tensor can ({MAX_SIZE})"
+            )
+        made.append(None if dims is None else _random(dims, dtype, device, "var" in spec.name))
     return tuple(made)
+
+
+def _random(dims: Shape, dtype: torch.dtype, device: torch.device, positive: bool) -> torch.Tensor:
+    """Random values of `dtype` (positive ones for variances); dtypes randn lacks (integers,
+    float8) are cast from float32."""
+    try:
+        if (dtype.is_floating_point and dtype.itemsize > 1) or dtype.is_complex:
+            t = torch.randn(dims, dtype=dtype, device=device)
+            return t.abs() + 0.5 if positive else t
+        t = torch.randn(dims, device=device)
+        return (t.abs() + 0.5 if positive else t).to(dtype)
+    except (RuntimeError, TypeError) as exc:  # torch's message is a paragraph: its first sentence
+        first = (str(exc).splitlines() or [type(exc).__name__])[0].split(". ")[0]
+        raise ValueError(f"cannot make {dtype_name(dtype)} inputs on {device}: {first}") from None
 
 
 def request(op: Op, inputs: tuple[torch.Tensor | None, ...], device: torch.device) -> Request:
@@ -182,7 +215,7 @@ def _input_shapes(op: Op, shape: Shape, omit: set[str]) -> list[Shape | None]:
     convention = SHAPE_CONVENTIONS.get(type(op).op_name)
     if convention is not None:
         if len(shape) != len(specs) + 1:
-            raise ValueError(f"{type(op).op_name} takes --shape M,N,K, got {list(shape)}")
+            raise ShapeError(f"{type(op).op_name} takes M,N,K, got {list(shape)}")
         shapes = convention(shape)
         return [None if s.name in omit else d for s, d in zip(specs, shapes, strict=True)]
     plan = op.signature.plan(op.params())
@@ -197,7 +230,7 @@ def _input_shapes(op: Op, shape: Shape, omit: set[str]) -> list[Shape | None]:
         elif resolved:
             shapes.append(tuple(dims))
         else:
-            raise ValueError(f"cannot tell the shape of {spec.name!r} from --shape {list(shape)}")
+            raise ShapeError(f"cannot tell the shape of {spec.name!r} from {list(shape)}")
     return shapes
 
 

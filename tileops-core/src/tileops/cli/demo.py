@@ -52,6 +52,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> Outcome:
     device = explaining.parse_device(args.device or best_device())
+    check_runnable(device)
     backends = ", ".join(f"{b.distribution} {b.version}" for b in backend.backends()) or "none"
     head = [
         f"tileops {tileops.__version__} on {_device_name(device)}; torch {torch.__version__}",
@@ -65,6 +66,24 @@ def run(args: argparse.Namespace) -> Outcome:
 
 def best_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def check_runnable(device: torch.device) -> None:
+    """Refuse, in one line, a device the demo cannot run on: it runs ops on real data."""
+    where = f"demo --device {device}"
+    if device.type == "meta":
+        raise ValueError(
+            f"{where}: meta tensors hold no data, so nothing can run or be checked; "
+            "pass cpu or cuda"
+        )
+    missing = devices.missing(device)
+    if missing:
+        raise ValueError(f"{where}: {missing}; leave --device out to run on the best device here")
+    try:
+        torch.empty(1, device=device)
+    except (RuntimeError, AssertionError) as exc:  # torch's message may be a paragraph
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"{where}: torch cannot make a tensor there: {first}") from None
 
 
 def row(

@@ -1,7 +1,8 @@
 """Simulated GPUs for `explain` and `audit`: one typical board per compute capability.
 
 A simulation needs every device fact selection reads (arch, SM count, board model, shared
-memory per block). `--arch 90` alone stands for an H200; any fact given explicitly wins.
+memory per block). `--arch 90` alone stands for an H200; any fact given explicitly wins. An arch
+without a typical board here needs `--sm-count` and `--smem-budget` given.
 """
 
 from __future__ import annotations
@@ -33,15 +34,42 @@ def facts_for(
     calibration: str | None = None,
     smem_budget: int | None = None,
 ) -> DeviceFacts:
-    """The profile of `arch` (the nearest lower one if it has none), with overrides."""
-    lower = [a for a in PROFILES if a <= arch] or [min(PROFILES)]
-    base = PROFILES[max(lower)]
+    """The profile of `arch`, with overrides. An arch without a profile takes its facts from
+    the overrides alone: another board's SM count or name would describe a device that is not."""
+    _check_facts(arch, sm_count, smem_budget)
+    base = PROFILES.get(arch)
+    if base is None:
+        if sm_count is None or smem_budget is None:
+            known = ", ".join(map(str, PROFILES))
+            raise ValueError(
+                f"--arch {arch}: no typical board of sm_{arch} is known (known: {known}); pass "
+                "--sm-count and --smem-budget (and --calibration to name a board) to simulate it"
+            )
+        base = DeviceFacts(arch=arch, sm_count=sm_count, calibration=None, smem_budget=0)
     return DeviceFacts(
         arch=arch,
         sm_count=base.sm_count if sm_count is None else sm_count,
         calibration=base.calibration if calibration is None else board_name(calibration),
         smem_budget=base.smem_budget if smem_budget is None else smem_budget,
     )
+
+
+def _check_facts(arch: int, sm_count: int | None, smem_budget: int | None) -> None:
+    if arch <= 0:
+        raise ValueError(f"--arch takes a compute capability such as 90 (sm_90), got {arch}")
+    if sm_count is not None and sm_count <= 0:
+        raise ValueError(f"--sm-count takes a number of SMs >= 1, got {sm_count}")
+    if smem_budget is not None and smem_budget < 0:
+        raise ValueError(f"--smem-budget takes a number of bytes >= 0, got {smem_budget}")
+
+
+def missing(device: torch.device) -> str | None:
+    """'this machine has no cuda:1' when `device` is a GPU torch cannot see here, else None."""
+    if device.type != "cuda":
+        return None
+    if not torch.cuda.is_available() or (device.index or 0) >= torch.cuda.device_count():
+        return f"this machine has no {device}"
+    return None
 
 
 def board_name(text: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .. import backend, hints, observe
+from .. import backend, hints
 from ..backend.plugins import LOADER
 from ..backend.registry import REGISTRY
 from ..errors import KernelDeclarationError
@@ -50,7 +50,6 @@ class Problem:
 def run(args: argparse.Namespace) -> Outcome:
     LOADER.ensure_loaded()
     problems = [*load_problems(), *op_problems(), *claim_problems(), *hint_problems()]
-    problems += log_problems()
     lines = ["Versions:", *versions(), "GPUs:", *gpus(), "Settings:", *settings()]
     lines.append("Problems:" if problems else "Problems: none")
     lines += [p.render() for p in problems]
@@ -151,19 +150,3 @@ def claim_problems() -> list[Problem]:
 def hint_problems() -> list[Problem]:
     remedy = "fix the declaration on the kernel class (its backend's maintainers can)"
     return [Problem(False, str(hint), remedy) for hint in hints.installed_hints()]
-
-
-def log_problems() -> list[Problem]:
-    unknown = [
-        n.strip()
-        for n in os.environ.get(observe.LOG_VARIABLE, "").split(",")
-        if n.strip() and n.strip() not in observe.LOGGERS
-    ]
-    return [
-        Problem(
-            False,
-            f"{observe.LOG_VARIABLE} names {name!r}, which is no tileops log",
-            f"use one of: {', '.join(observe.LOGGERS)}",
-        )
-        for name in unknown
-    ]

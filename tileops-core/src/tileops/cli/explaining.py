@@ -136,21 +136,38 @@ def run(args: argparse.Namespace) -> Outcome:
     return Outcome(report.text(), report.status)
 
 
+SIMULATED_FACTS = ("sm_count", "calibration", "smem_budget")
+
+
 def simulated_facts(args: argparse.Namespace, device: torch.device) -> DeviceFacts | None:
-    """The facts to simulate, or None for the real device (which must then exist)."""
+    """The facts to simulate, or None for the real device (which must then exist). Facts
+    describe a GPU: they need --arch and a cuda device, never a device they cannot apply to."""
     if args.arch is None:
-        if device.type == "cuda" and not torch.cuda.is_available():
+        given = [name for name in SIMULATED_FACTS if getattr(args, name) is not None]
+        if given:
+            flag = "--" + given[0].replace("_", "-")
             raise ValueError(
-                f"this machine has no {device}; pass --arch (and --sm-count) to simulate"
+                f"{flag} is a simulated GPU fact: pass --arch (and --device cuda) with it"
             )
+        missing = devices.missing(device)
+        if missing:
+            raise ValueError(f"{missing}; pass --arch (and --sm-count) to simulate")
         return None
+    if device.type != "cuda":
+        raise ValueError(
+            f"--arch simulates a GPU: pass --device cuda (or cuda:N) with it, not --device {device}"
+        )
     return devices.facts_for(args.arch, args.sm_count, args.calibration, args.smem_budget)
 
 
 def by_inputs(op_cls: type[Op], args: argparse.Namespace, device: torch.device) -> Report:
-    shape, dtype = calls.parse_shape(args.shape), calls.parse_dtype(args.dtype)
-    op = calls.make_op(op_cls, shape, calls.parse_params(args.param), args.target)
-    inputs = calls.make_inputs(op, shape, dtype, torch.device("meta"), args.omit)
+    dtype = calls.parse_dtype(args.dtype)
+    try:
+        shape = calls.parse_shape(args.shape)
+        op = calls.make_op(op_cls, shape, calls.parse_params(args.param), args.target)
+        inputs = calls.make_inputs(op, shape, dtype, torch.device("meta"), args.omit)
+    except calls.ShapeError as exc:
+        raise ValueError(f"--shape {args.shape}: {exc}") from None
     req = calls.request(op, inputs, device)
     explanation = op.explain(req.interface, req.call)
     return Report(op_cls.op_name, "", explanation, settle(op, device), req.describe())

@@ -4,7 +4,8 @@ A first call pays for selection and for its kernel's build, which for a compiled
 seconds. Warmup makes those calls' requests (the op's own, found as `explain` finds them) and
 builds their entries through the dispatcher, so backends' disk caches are filled and a server
 starts hot. It runs no kernel. Build times come from the `tileops_entry_built` hook: the same
-one telemetry uses.
+one telemetry uses. Every call is checked before any is built: a shape or dtype the op cannot
+take is a usage error (exit 2), a build that fails is reported (exit 1).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from .. import observe
 from ..backend.plugins import hookimpl
 from ..backend.registry import REGISTRY
+from ..errors import TileOpsError
 from . import calls, devices, explaining
 from .output import Outcome, table
 
@@ -54,46 +56,60 @@ class Builds:
 def run(args: argparse.Namespace) -> Outcome:
     device = explaining.parse_device(args.device)
     facts = explaining.simulated_facts(args, device)
-    jobs = [
-        (REGISTRY.op_class(op), calls.parse_shape(shape), calls.parse_dtype(dtype.strip()))
-        for op in args.op
-        for shape in args.shapes.split(";")
-        for dtype in args.dtype.split(",")
-    ]
     params = calls.parse_params(args.param)
     builds, failures = Builds(), []
     observe.add_observer(builds)
     started = time.perf_counter()
     try:
         with devices.simulated(device, facts):
-            for done, (op_cls, shape, dtype) in enumerate(jobs, 1):
-                failure = warm(op_cls, shape, dtype, device, params)
+            # Every request first: a usage error stops the command before anything is built.
+            requests = [prepare(*job, params, device) for job in _jobs(args)]
+            for done, (what, req) in enumerate(requests, 1):
+                failure = warm(what, req)
                 if failure:
                     failures.append(failure)
-                _progress(done, len(jobs), _what(op_cls, shape, dtype))
+                _progress(done, len(requests), what)
     finally:
         observe.remove_observer(builds)
-    summary = _summary(builds, failures, len(jobs), time.perf_counter() - started)
+    summary = _summary(builds, failures, len(requests), time.perf_counter() - started)
     return Outcome(summary, 1 if failures else 0)
 
 
-def warm(
-    op_cls: type, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, params: dict
-) -> str | None:
-    """Build the entry one call needs; returns why it failed, or None."""
-    what = _what(op_cls, shape, dtype)
+def _jobs(args: argparse.Namespace) -> list[tuple[type, str, torch.dtype]]:
+    """(op class, shape text, dtype) for every combination the flags name."""
+    dtypes = [calls.parse_dtype(d.strip()) for d in args.dtype.split(",")]
+    ops = [REGISTRY.op_class(op) for op in args.op]
+    return [(op, text, d) for op in ops for text in args.shapes.split(";") for d in dtypes]
+
+
+def prepare(
+    op_cls: type, text: str, dtype: torch.dtype, params: dict, device: torch.device
+) -> tuple[str, calls.Request]:
+    """The request one call makes, or a usage error (exit 2) naming the flag or the call."""
     try:
+        shape = calls.parse_shape(text)
         op = calls.make_op(op_cls, shape, params)
         inputs = calls.make_inputs(op, shape, dtype, torch.device("meta"))
-        req = calls.request(op, inputs, device)
-        op.kernel_for(req.interface, req.call)
+    except calls.ShapeError as exc:
+        raise ValueError(f"--shapes {text}: {exc}") from None
+    what = _what(op_cls, shape, dtype)
+    try:
+        return what, calls.request(op, inputs, device)
+    except (TileOpsError, ValueError) as exc:  # the op's own input checks
+        raise ValueError(f"{what}: {exc}") from None
+
+
+def warm(what: str, req: calls.Request) -> str | None:
+    """Build the entry one call needs; returns why it failed, or None."""
+    try:
+        req.op.kernel_for(req.interface, req.call)
     except Exception as exc:  # report every failure and go on with the other calls
         return f"{what}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
     return None
 
 
 def _what(op_cls: type, shape: tuple[int, ...], dtype: torch.dtype) -> str:
-    return f"{op_cls.__name__} {'x'.join(map(str, shape))} {str(dtype).replace('torch.', '')}"
+    return f"{op_cls.__name__} {'x'.join(map(str, shape))} {calls.dtype_name(dtype)}"
 
 
 def _progress(done: int, total: int, what: str) -> None:

@@ -19,6 +19,7 @@ from typing import NamedTuple
 
 from torch import nn
 
+from ..errors import ArgumentError
 from ._base import TileModule
 from .activation import Softmax
 from .batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
@@ -60,10 +61,13 @@ class KernelizeReport:
 
 
 def kernelize(
-    model: nn.Module, *, modules: Iterable[type[nn.Module]] | None = None
+    model: nn.Module,
+    *,
+    modules: type[nn.Module] | Iterable[type[nn.Module]] | None = None,
 ) -> KernelizeReport:
     """Swap, in place, every module of `model` (itself included) whose type is exactly one of
-    `modules` (default: every key of `KERNELIZED`) for its tileops.nn version; return a report."""
+    `modules` (one class or several; default: every key of `KERNELIZED`) for its tileops.nn
+    version; return a report."""
     selected = _selected(modules)
     report = KernelizeReport()
     for name, module in model.named_modules():
@@ -80,10 +84,10 @@ def kernelize(
     return report
 
 
-def _selected(modules: Iterable[type[nn.Module]] | None) -> frozenset[type[nn.Module]]:
+def _selected(modules: object) -> frozenset[type[nn.Module]]:
     if modules is None:
         return frozenset(KERNELIZED)
-    chosen = frozenset(modules)
+    chosen = frozenset(_classes(modules))
     unknown = [m for m in chosen if m not in KERNELIZED]
     if unknown:
         names = ", ".join(sorted(_qualname(m) for m in KERNELIZED))
@@ -92,6 +96,25 @@ def _selected(modules: Iterable[type[nn.Module]] | None) -> frozenset[type[nn.Mo
             f"tileops.nn cannot replace; pick from {names}"
         )
     return chosen
+
+
+def _classes(modules: object) -> list[type]:
+    """`modules` as a list of classes: one class, or an iterable of them (a str is neither,
+    though it iterates: its letters would name no module)."""
+    if isinstance(modules, type):
+        return [modules]
+    items = None
+    if not isinstance(modules, (str, bytes)):
+        try:
+            items = list(modules)
+        except TypeError:
+            pass
+    if items is None or not all(isinstance(m, type) for m in items):
+        raise ArgumentError(
+            "kernelize(): argument 'modules' takes a torch.nn module class or an iterable of "
+            f"them (e.g. modules=[nn.LayerNorm, nn.Linear]), got {modules!r}"
+        )
+    return items
 
 
 def _kind(cls: type[nn.Module], selected: frozenset[type[nn.Module]]) -> type[nn.Module] | None:
