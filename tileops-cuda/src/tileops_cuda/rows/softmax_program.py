@@ -1,88 +1,17 @@
-"""Softmax forward kernels in TileLang: one class per row layout (see rows.py).
-
-Declarations first, program factories below. All compute in float32 with the row maximum
-subtracted. Rows of -inf behave as torch.softmax's: a row holding only -inf gives NaN
-(exp(-inf - (-inf))); -inf entries of other rows give 0; a +inf or NaN entry makes its row NaN.
+"""The softmax program: one TileLang prim_func per plan (kernels.py declares which rows each
+layout serves). All compute in float32 with the row maximum subtracted. Rows of -inf behave as
+torch.softmax's: a row holding only -inf gives NaN (exp(-inf - (-inf))); -inf entries of other
+rows give 0; a +inf or NaN entry makes its row NaN.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 
-from tileops.ops import SoftmaxInterface
-
-from .operands import aligned
-from .rows import (
-    DTYPE_NAMES,
-    ITEMSIZE,
-    BlockRow,
-    ClusterRow,
-    RowKernel,
-    RowPlan,
-    SmemRow,
-    StreamRow,
-    WarpRows,
-)
-
-
-class _Softmax(RowKernel, SoftmaxInterface):
-    @classmethod
-    def plan(cls, call: Any) -> RowPlan:
-        """The layout's plan; 16-bit rows held in shared memory take scaled exponents
-        (RowPlan.scaled_exp): 1.5-2.5 points of copy at 32K-256K bfloat16 on the H200, as
-        smem_row and cluster_row (94.2 / 84.2 / 82.5 / 80.4 against 92.5 / 83.4 / 80.7 / 78.6
-        served before, row_plans_softmax_scaled_exp, 2026-11-29); float32 rows gained nothing."""
-        plan = super().plan(call)
-        if plan.hold == "shared" and ITEMSIZE[call.dtype] == 2:
-            return dataclasses.replace(plan, scaled_exp=True)
-        return plan
-
-    @classmethod
-    def program(cls, plan: RowPlan, call: Any) -> Any:
-        return lambda: softmax_program(plan, call)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = aligned(x)
-        y = torch.empty_like(x)
-        self.compiled(x, *self.workspace(x), y)
-        return y
-
-
-class SoftmaxWarpRows(WarpRows, _Softmax):
-    """Short rows: a group of <= 32 lanes per row, several rows per block, row in registers."""
-
-
-class SoftmaxBlockRow(BlockRow, _Softmax):
-    """Medium rows: one block per row, the row (then its exponentials) in registers."""
-
-
-class SoftmaxSmemRow(SmemRow, _Softmax):
-    """Long rows that fit the block's shared memory: read once, kept there for the output."""
-
-    smem_bulk = True  # rows.SMALL_SMEM_ROW_BYTES
-
-
-class SoftmaxStreamRow(StreamRow, _Softmax):
-    """Any long row: running max and rescaled sum in one streaming pass, then the output."""
-
-
-class SoftmaxClusterRow(ClusterRow, _Softmax):
-    """Long rows on sm_90: a slice per block of a cluster, the slices' (max, sum) merged."""
-
-    @classmethod
-    def cluster_threads(cls, dtype: torch.dtype) -> int:
-        # 16-bit rows with scaled exponents: 256 threads reached 82.5 and 80.4% of copy at
-        # 128K and 256K bfloat16 against 80.1 and 76.8 for 512, and 84.2 against 84.9 at 64K
-        # (row_plans_softmax_scaled_exp); float32, partials in shared memory: 91.8 / 89.8 /
-        # 85.1 at 64K / 128K / 256K against 90.2 / 87.5 / 76.2 (row_plans_cluster_row_dsmem;
-        # both 2026-11-29).
-        return 256
-
-
-# -- TileLang programs -----------------------------------------------------------------------
+from .._common.arith import DTYPE_NAMES
+from .plans import RowPlan
 
 
 def softmax_program(plan: RowPlan, call: Any) -> Any:
@@ -92,7 +21,7 @@ def softmax_program(plan: RowPlan, call: Any) -> Any:
     memory instead)."""
     import tilelang.language as T
 
-    from . import tiles
+    from .._common import tiles
 
     n, dtype = call.n, DTYPE_NAMES[call.dtype]
     lanes, vec = plan.lanes, plan.vec

@@ -1,8 +1,6 @@
-"""LayerNorm and RMSNorm forward kernels in TileLang: one class per row layout (see rows.py).
-
-Declarations first (which rows each class serves), program factories below. Every kernel
-computes in float32 and reads each element once from global memory, except stream_row, which
-reads it twice (once for the statistics, once for the output).
+"""The LayerNorm and RMSNorm programs: one TileLang prim_func per plan (kernels.py declares
+which rows each layout serves). Every kernel computes in float32 and reads each element once
+from global memory, except stream_row, which reads it twice (statistics, then the output).
 """
 
 from __future__ import annotations
@@ -10,129 +8,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import torch
-
-from tileops.ops import LayerNormInterface, RMSNormInterface
-
-from .operands import aligned
-from .rows import (
-    CLUSTER_THREADS,
-    DTYPE_NAMES,
-    ITEMSIZE,
-    BlockRow,
-    ClusterRow,
-    RowKernel,
-    RowPlan,
-    SmemRow,
-    StreamRow,
-    WarpRows,
-)
-
-# -- LayerNorm -------------------------------------------------------------------------------
-
-
-class _LayerNorm(RowKernel, LayerNormInterface):
-    @classmethod
-    def build_fields(cls, call: Any) -> tuple:
-        return (call.eps, call.has_weight, call.has_bias, call.param_dtype)
-
-    @classmethod
-    def program(cls, plan: RowPlan, call: Any) -> Any:
-        return lambda: norm_program("layer", plan, call, call.has_weight, call.has_bias)
-
-    def forward(
-        self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
-    ) -> torch.Tensor:
-        x, params = aligned(x), [aligned(t) for t in (weight, bias) if t is not None]
-        y = torch.empty_like(x)
-        self.compiled(x, *params, *self.workspace(x), y)
-        return y
-
-
-class LayerNormWarpRows(WarpRows, _LayerNorm):
-    """Short rows: a group of <= 32 lanes per row, several rows per block, row in registers."""
-
-
-class LayerNormBlockRow(BlockRow, _LayerNorm):
-    """Medium rows: one block per row, the row in its threads' registers."""
-
-
-class LayerNormSmemRow(SmemRow, _LayerNorm):
-    """Long rows that fit the block's shared memory: read once, kept there for the output."""
-
-
-class LayerNormStreamRow(StreamRow, _LayerNorm):
-    """Any long row: statistics in one streaming pass (shifted sums), then the output pass."""
-
-
-class LayerNormClusterRow(ClusterRow, _LayerNorm):
-    """Long rows on sm_90: a slice per block of a cluster, (sum, M2) of the slices merged."""
-
-    # Statistics while the slice loads: 2-4 points of copy over a second pass through shared
-    # memory at 64K-256K elements, bf16 and float32 (row_plans_cluster_row, 2026-11-29).
-    cluster_one_pass = True
-    cluster_bulk = True  # rows.BULK_ROW_BYTES
-
-    @classmethod
-    def cluster_threads(cls, dtype: torch.dtype) -> int:
-        # 16-bit rows: 256 threads beat 512 by about 8 points of copy bandwidth at 64K-256K
-        # elements on the H200 (results/row_plans_cluster_row_nvidia_h200.md); float32: even.
-        return 256 if ITEMSIZE[dtype] == 2 else CLUSTER_THREADS
-
-
-# -- RMSNorm ---------------------------------------------------------------------------------
-
-
-class _RMSNorm(RowKernel, RMSNormInterface):
-    @classmethod
-    def build_fields(cls, call: Any) -> tuple:
-        return (call.eps, call.has_weight, call.param_dtype)
-
-    @classmethod
-    def program(cls, plan: RowPlan, call: Any) -> Any:
-        return lambda: norm_program("rms", plan, call, call.has_weight, False)
-
-    def forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-        x, params = aligned(x), [] if weight is None else [aligned(weight)]
-        y = torch.empty_like(x)
-        self.compiled(x, *params, *self.workspace(x), y)
-        return y
-
-
-class RMSNormWarpRows(WarpRows, _RMSNorm):
-    """Short rows: a group of <= 32 lanes per row, several rows per block, row in registers."""
-
-
-class RMSNormBlockRow(BlockRow, _RMSNorm):
-    """Medium rows: one block per row, the row in its threads' registers."""
-
-    # float32 rows of 8K and 16K: 1024 threads reached 97.6 / 98.2 and 96.6 / 96.4% of copy
-    # against 95.8 / 95.9 (256 threads) and 96.1 / 96.1 (512) in two sweeps (2026-11-29 and -30,
-    # row_plans_block_row_float32 and row_plans_stream_row_block_row_triton); LayerNorm's and
-    # softmax's rows did not gain.
-    full_block_32bit = (4096, 16384)
-
-
-class RMSNormSmemRow(SmemRow, _RMSNorm):
-    """Long rows that fit the block's shared memory: read once, kept there for the output."""
-
-    smem_bulk = True  # rows.SMALL_SMEM_ROW_BYTES
-
-
-class RMSNormStreamRow(StreamRow, _RMSNorm):
-    """Any long row: sum of squares in one streaming pass, then the output pass."""
-
-
-class RMSNormClusterRow(ClusterRow, _RMSNorm):
-    """Long rows on sm_90: a slice per block of a cluster, the slices' sums of squares added."""
-
-    # smem_row's lone block per SM still reached 91-93% of copy at 64K bfloat16 (128 KB)
-    # against 88% here (norms_nvidia_h200.md and row_plans_smem_row_triton, 2026-11-29).
-    smem_row_over_cluster_bytes = 128 * 1024
-    cluster_bulk = True  # rows.BULK_ROW_BYTES
-
-
-# -- TileLang programs -----------------------------------------------------------------------
+from .._common.arith import DTYPE_NAMES
+from .plans import RowPlan
 
 
 def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias: bool) -> Any:
@@ -145,7 +22,7 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
     """
     import tilelang.language as T
 
-    from . import tiles
+    from .._common import tiles
 
     n, eps, dtype = call.n, call.eps, DTYPE_NAMES[call.dtype]
     pdtype = DTYPE_NAMES[call.param_dtype or call.dtype]  # float32 weights under mixed precision
@@ -285,7 +162,7 @@ def norm_program(kind: str, plan: RowPlan, call: Any, has_weight: bool, has_bias
 
 def _cluster_norm_func(body, dtype, pdtype, rows, vector, work, has_weight, has_bias) -> Any:
     """norm_program's prim_func with the cluster's workspace S before Y."""
-    from . import tiles
+    from .._common import tiles
 
     f32 = {"S": "float32"}
     if has_weight and has_bias:
