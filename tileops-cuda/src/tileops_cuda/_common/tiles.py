@@ -262,6 +262,18 @@ def reload(X, store, plan: RowPlan, row, lane, k, t, base=0):
             t[v] = X[row, base + at + v]
 
 
+def macro(*refs: str):
+    """T.macro whose parameters named in `refs` take a T.alloc_var by reference (T.Ref): the
+    macro reads and assigns the caller's variable itself, where a plain parameter would bind a
+    copy on entry. Set here: this package's postponed annotations would reach TileLang as text."""
+
+    def decorate(fn):
+        fn.__annotations__ = dict.fromkeys(refs, T.Ref)
+        return T.macro(fn)
+
+    return decorate
+
+
 def prim_func(fn, dtype: str, dtypes: dict[str, str] | None = None, **shapes):
     """`T.prim_func(fn)` with each parameter a tensor of the shape given here, of `dtype` unless
     `dtypes` names another (float32 weights beside 16-bit rows, under mixed precision).
