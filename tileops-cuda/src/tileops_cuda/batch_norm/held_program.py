@@ -3,8 +3,16 @@ into registers or shared memory, the statistics and the output from what is held
 
 from __future__ import annotations
 
+from typing import Any
+
 from .._common.lanes import RowPlan
 from .program_parts import Shape, epilogue, f32
+
+
+def slot(plan: RowPlan, k: Any, local: Any) -> Any:
+    """Where the lane's k-th vector, the block's `local`-th, is held: registers are indexed by
+    constants (k), shared memory by the vector's place in the block's part."""
+    return k * plan.vec if plan.hold == "registers" else local * plan.vec
 
 
 def held_channel_body(shape: Shape, batch: int, plan: RowPlan, ticketed: bool = False):
@@ -18,7 +26,6 @@ def held_channel_body(shape: Shape, batch: int, plan: RowPlan, ticketed: bool = 
 
     from .._common import tiles
 
-    _, update_stats = epilogue(shape)
     lanes, vec, runs, cluster = plan.lanes, plan.vec, shape.runs, plan.cluster
     vectors = batch * runs
     held = plan.chunks * lanes  # vectors one block holds
@@ -26,18 +33,14 @@ def held_channel_body(shape: Shape, batch: int, plan: RowPlan, ticketed: bool = 
     count = float(batch * shape.spatial)
     in_registers = plan.hold == "registers"
 
-    def slot(k, local):
-        """Where the lane's k-th vector, the block's `local`-th, is held: registers are indexed
-        by constants (k), shared memory by the vector's place in the block's part."""
-        return k * vec if in_registers else local * vec
-
     def part_values(part):
         return T.Cast("float32", T.min(T.max(vectors - part * held, 0), held) * vec)
 
     launch = tiles.group_launch if ticketed else tiles.launch
+    write_channel = _write_channel(shape, batch, plan)
 
     @T.macro
-    def body(X, W, Bias, RM, RV, S, Q, Y):
+    def body(X, W, Bias, RM, RV, P, S, Q, Y):
         with launch(plan, shape.channels) as block:
             T.annotate_min_blocks_per_sm(plan.blocks_per_sm)
             lane = T.get_thread_binding()
@@ -54,12 +57,14 @@ def held_channel_body(shape: Shape, batch: int, plan: RowPlan, ticketed: bool = 
                 if exact or j < vectors:
                     if in_registers:
                         for v in T.vectorized(vec):
-                            store[slot(k, local) + v] = f32(X[j // runs, c, (j % runs) * vec + v])
+                            store[slot(plan, k, local) + v] = f32(
+                                X[j // runs, c, (j % runs) * vec + v]
+                            )
                     else:
                         for v in T.vectorized(vec):
-                            store[slot(k, local) + v] = X[j // runs, c, (j % runs) * vec + v]
+                            store[slot(plan, k, local) + v] = X[j // runs, c, (j % runs) * vec + v]
                     for v in T.vectorized(vec):
-                        t[v] = store[slot(k, local) + v]
+                        t[v] = store[slot(plan, k, local) + v]
                     for v in T.unroll(vec):
                         total += t[v]
             part_total = tiles.reduce_group(total, "sum", plan, scratch, 0, lane)
@@ -68,7 +73,7 @@ def held_channel_body(shape: Shape, batch: int, plan: RowPlan, ticketed: bool = 
                 local = k * lanes + lane
                 if exact or part * held + local < vectors:
                     for v in T.vectorized(vec):
-                        t[v] = store[slot(k, local) + v]
+                        t[v] = store[slot(plan, k, local) + v]
                     for v in T.unroll(vec):
                         square += (t[v] - part_mean) * (t[v] - part_mean)
             part_m2 = tiles.reduce_group(square, "sum", plan, scratch, 1, lane)
@@ -82,22 +87,42 @@ def held_channel_body(shape: Shape, batch: int, plan: RowPlan, ticketed: bool = 
                 tiles.share_partials(S, c, part, part_total, part_m2)
                 mean = tiles.merged_mean(S, c, cluster, count)
                 var = tiles.merged_var(S, c, cluster, count, mean, part_values)
-            scale = T.rsqrt(var + shape.eps)
-            if shape.weight:
-                scale = scale * f32(W[c])
-            for k in tiles.chunk_loop(plan):
-                local = k * lanes + lane
-                j = part * held + local
-                if exact or j < vectors:
-                    b, s = j // runs, (j % runs) * vec
-                    for v in T.vectorized(vec):
-                        t[v] = store[slot(k, local) + v]
-                    for v in T.vectorized(vec):
-                        if shape.bias:
-                            Y[b, c, s + v] = (t[v] - mean) * scale + f32(Bias[c])
-                        else:
-                            Y[b, c, s + v] = (t[v] - mean) * scale
-            if lane == 0 and part == 0:
-                update_stats(RM, RV, c, mean, var, count)
+            write_channel(X, W, Bias, RM, RV, Y, store, t, mean, var, c, part, lane)
 
     return body
+
+
+def _write_channel(shape: Shape, batch: int, plan: RowPlan):
+    """The output walk over what the block holds, y = (x - mean) * rsqrt(var + eps) * w + b,
+    and the running statistics' update by the channel's first block."""
+    import tilelang.language as T
+
+    from .._common import tiles
+
+    _, update_stats = epilogue(shape)
+    lanes, vec, runs = plan.lanes, plan.vec, shape.runs
+    vectors, held = batch * runs, plan.chunks * lanes
+    exact = held * plan.cluster == vectors
+    count = float(batch * shape.spatial)
+
+    @tiles.macro("mean", "var")
+    def write_channel(X, W, Bias, RM, RV, Y, store, t, mean, var, c, part, lane):
+        scale = T.rsqrt(var + shape.eps)
+        if shape.weight:
+            scale = scale * f32(W[c])
+        for k in tiles.chunk_loop(plan):
+            local = k * lanes + lane
+            j = part * held + local
+            if exact or j < vectors:
+                b, s = j // runs, (j % runs) * vec
+                for v in T.vectorized(vec):
+                    t[v] = store[slot(plan, k, local) + v]
+                for v in T.vectorized(vec):
+                    if shape.bias:
+                        Y[b, c, s + v] = (t[v] - mean) * scale + f32(Bias[c])
+                    else:
+                        Y[b, c, s + v] = (t[v] - mean) * scale
+        if lane == 0 and part == 0:
+            update_stats(RM, RV, c, mean, var, count)
+
+    return write_channel

@@ -12,7 +12,7 @@ Which training layout serves a call (n = batch * spatial values per channel, C c
 | key                        | channel held in        | blocks     | owns                       |
 |----------------------------|------------------------|------------|----------------------------|
 | tilelang_bn_thread_channel | one thread (L1)        | C / 128    | n <= THREAD_VALUES (32)    |
-| tilelang_bn_block_channel  | registers (n <= 8192)  | C          | 32 < n <= REGISTER_ROW_MAX |
+| tilelang_bn_block_channel  | registers (n <= 8192)  | C          | 32 < n <= 16384            |
 |                            | or smem of one block   |            |                            |
 | tilelang_bn_smem_channel   | shared memory of one   | C          | longer n, in one block's   |
 |                            | block                  |            | smem; 2 C >= SMs           |
@@ -33,6 +33,9 @@ tiled read them twice. Inference reads the running statistics: one pass, one ker
 Symbolic vs baked: channels and spatial are the layer's shape and are baked in (they fix the
 vector width and the index arithmetic); batch is symbolic (one build serves every batch size),
 except in the held layouts (block, smem, cluster and group channel), whose layout is sized by n.
+
+The plan rules are in `plans` (their measurements in TUNING.md), the programs in `programs`
+(`held_program`, `streamed_program`).
 """
 
 from __future__ import annotations
@@ -151,10 +154,7 @@ class BatchNormClusterChannel(_Train):
     """sm_90, channels longer than registers hold: a thread-block cluster per channel, each block
     holding its part in shared memory, read from DRAM once; the parts' (sum, M2) meet across
     the cluster barrier. Preferred over smem_channel, split_channel and tiled wherever a cluster
-    holds the channel: on the H200 (bf16, % of copy on three passes' bytes, same run) 61 against
-    split's 35 at 32x64x3136, 89-104 against 53-76 at 256x{128,256,512}x784, 72-80 against
-    61-69 at 256x{64,128,256}x3136, 80 and 77 against smem_channel's 67 and 68 at 256x512x196
-    and 32x256x3136, 60 against 62 at 32x128x784 (results/bn_layouts_nvidia_h200.md)."""
+    holds the channel (TUNING.md#cluster-channel)."""
 
     layout = "cluster_channel"
     supported_archs = CLUSTER_ARCHS
@@ -188,7 +188,7 @@ class BatchNormClusterChannel(_Train):
 class BatchNormGroupChannel(BatchNormClusterChannel):
     """The channels that cluster_channel's plan cuts into 16 parts of more than 64 KB: the parts
     as plain blocks of 1024 threads that meet through global memory (tiles.GROUP_SYNC_CUDA), so
-    every multiprocessor takes them (see GROUP_CHANNEL_PARTS)."""
+    every multiprocessor takes them (TUNING.md#group-channel)."""
 
     layout = "group_channel"
 
@@ -221,8 +221,8 @@ class BatchNormGroupChannel(BatchNormClusterChannel):
 
 
 class BatchNormSplitChannel(_Train):
-    """Long channels (n > 16384) and too few of them to fill the device twice (see
-    TILED_BLOCKS_PER_SM): each channel split over several blocks. A partial kernel
+    """Long channels (n > 16384) and too few of them to fill the device twice
+    (TUNING.md#split-or-tiled): each channel split over several blocks. A partial kernel
     writes each split's (count, mean, M2); a second kernel merges a channel's partials and
     normalizes its split (x read twice)."""
 

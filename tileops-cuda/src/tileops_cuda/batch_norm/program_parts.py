@@ -37,15 +37,32 @@ class Shape:
         return (self.batch if batch is None else batch, self.channels, self.spatial)
 
 
-def signature(main, shape: Shape, batch: Any = None, **extra):
-    """prim_func of main(X, W, Bias, RM, RV, [extra...], Y) over the (batch, C, S) layout."""
+CHANNEL_TENSORS = ("W", "Bias", "RM", "RV")  # weight, bias, running mean and variance
+
+
+def bn_prim_func(
+    body: Any,
+    shape: Shape,
+    batch: Any = None,
+    channel_tensors: tuple[str, ...] = CHANNEL_TENSORS,
+    output: bool = True,
+    **scratch: tuple,
+) -> Any:
+    """The prim_func of body(X, W, Bias, RM, RV, P, S, Q, Y) over the (batch, C, S) layout and
+    the tensors named here (the others None): X, `channel_tensors` (every training and inference
+    program takes all four, a placeholder standing in for an absent one), the `scratch` tensors
+    (float32, the counters Q int32) and, with `output`, Y."""
     from .._common import tiles
 
-    per_channel = {name: (shape.channels,) for name in ("W", "Bias", "RM", "RV")}
-    dtypes = dict.fromkeys(per_channel, shape.pdtype)
-    dtypes.update({name: "int32" if name == "Q" else "float32" for name in extra})
+    def main(X, W=None, Bias=None, RM=None, RV=None, P=None, S=None, Q=None, Y=None):
+        body(X, W, Bias, RM, RV, P, S, Q, Y)
+
     x = shape.x_shape(batch)
-    return tiles.prim_func(main, shape.dtype, dtypes, X=x, **per_channel, **extra, Y=x)
+    per_channel = dict.fromkeys(channel_tensors, (shape.channels,))
+    dtypes = dict.fromkeys(per_channel, shape.pdtype)
+    dtypes.update({name: "int32" if name == "Q" else "float32" for name in scratch})
+    tensors = {"X": x, **per_channel, **scratch, **({"Y": x} if output else {})}
+    return tiles.prim_func(main, shape.dtype, dtypes, **tensors)
 
 
 def epilogue(shape: Shape):

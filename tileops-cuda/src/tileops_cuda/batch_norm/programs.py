@@ -10,53 +10,39 @@ from tileops.ops import BatchNormCall
 
 from .held_program import held_channel_body
 from .plans import INFER_THREADS, INFER_VECTORS, THREAD_CHANNEL_THREADS
-from .program_parts import Shape, epilogue, f32, signature
+from .program_parts import Shape, bn_prim_func, epilogue, f32
 from .streamed_program import tiled_body
+
+HELD_LAYOUTS = ("block_channel", "smem_channel", "cluster_channel", "group_channel")
 
 
 def train_program(layout: str, call: BatchNormCall, fields: tuple) -> Any:
     """The prim_func of one single-kernel training layout (all but split_channel); a cluster's
     takes its workspace S before Y, a group's S and its counters Q."""
     shape = Shape(call)
-    if layout in ("block_channel", "smem_channel", "cluster_channel", "group_channel"):
-        batch, plan = fields
-        ticketed = layout == "group_channel"
-        held_body = held_channel_body(shape, batch, plan, ticketed)
-        if ticketed:
-
-            def main(X, W, Bias, RM, RV, S, Q, Y):
-                held_body(X, W, Bias, RM, RV, S, Q, Y)
-
-            return signature(
-                main, shape, batch, S=(shape.channels, plan.cluster, 2), Q=(shape.channels + 1,)
-            )
-        if plan.cluster > 1:
-
-            def main(X, W, Bias, RM, RV, S, Y):
-                held_body(X, W, Bias, RM, RV, S, None, Y)
-
-            return signature(main, shape, batch, S=(shape.channels, plan.cluster, 2))
-
-        def main(X, W, Bias, RM, RV, Y):
-            held_body(X, W, Bias, RM, RV, None, None, Y)
-
-        return signature(main, shape, batch)
-    body = thread_channel_body(shape) if layout == "thread_channel" else tiled_body(shape)
-
-    def main(X, W, Bias, RM, RV, Y):
-        body(X, W, Bias, RM, RV, Y)
-
-    return signature(main, shape)
+    if layout not in HELD_LAYOUTS:
+        body = thread_channel_body(shape) if layout == "thread_channel" else tiled_body(shape)
+        return bn_prim_func(body, shape)
+    batch, plan = fields
+    ticketed = layout == "group_channel"
+    scratch = {}
+    if ticketed or plan.cluster > 1:
+        scratch["S"] = (shape.channels, plan.cluster, 2)
+    if ticketed:
+        scratch["Q"] = (shape.channels + 1,)
+    return bn_prim_func(held_channel_body(shape, batch, plan, ticketed), shape, batch, **scratch)
 
 
-def thread_channel_body(shape: Shape):
+def thread_channel_body(shape: Shape) -> Any:
+    """thread_channel: one thread walks its channel three times (sum, squared deviations,
+    output), the second and third walks from L1."""
     import tilelang.language as T
 
     normalized, update_stats = epilogue(shape)
     threads, spatial, batch = THREAD_CHANNEL_THREADS, shape.spatial, shape.batch
 
     @T.macro
-    def body(X, W, Bias, RM, RV, Y):
+    def body(X, W, Bias, RM, RV, P, S, Q, Y):
         with T.Kernel(T.ceildiv(shape.channels, threads), threads=threads) as bx:
             c = bx * threads + T.get_thread_binding()
             count = T.Cast("float32", batch * spatial)
@@ -91,7 +77,7 @@ def infer_program(call: BatchNormCall) -> Any:
     step = threads * INFER_VECTORS
 
     @T.macro
-    def body(X, W, Bias, RM, RV, Y):
+    def body(X, W, Bias, RM, RV, P, S, Q, Y):
         with T.Kernel(T.ceildiv(vectors, step), threads=threads) as bx:
             lane = T.get_thread_binding()
             for k in T.unroll(INFER_VECTORS):
@@ -108,7 +94,4 @@ def infer_program(call: BatchNormCall) -> Any:
                         else:
                             Y[b, c, s + v] = (f32(X[b, c, s + v]) - f32(RM[c])) * scale
 
-    def main(X, W, Bias, RM, RV, Y):
-        body(X, W, Bias, RM, RV, Y)
-
-    return signature(main, shape)
+    return bn_prim_func(body, shape)

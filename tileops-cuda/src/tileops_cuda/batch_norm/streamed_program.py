@@ -9,7 +9,7 @@ from tileops.ops import BatchNormCall
 
 from .._common.arith import WARP
 from .plans import PARTIAL_FIELDS, SPLIT_THREADS, SUM_FIELDS, TILED_THREADS
-from .program_parts import Shape, epilogue, f32, signature
+from .program_parts import Shape, bn_prim_func, epilogue, f32
 
 
 def welford(shape: Shape, threads: int):
@@ -79,7 +79,7 @@ def welford(shape: Shape, threads: int):
     return start, fold, welford_of, merge, block_merge
 
 
-def tiled_body(shape: Shape):
+def tiled_body(shape: Shape) -> Any:
     """tiled: one block per channel, Welford over the channel's vectors, then the output."""
     import tilelang.language as T
 
@@ -89,7 +89,7 @@ def tiled_body(shape: Shape):
     vectors = shape.batch * runs
 
     @T.macro
-    def body(X, W, Bias, RM, RV, Y):
+    def body(X, W, Bias, RM, RV, P, S, Q, Y):
         with T.Kernel(shape.channels, threads=threads) as c:
             lane = T.get_thread_binding()
             acc = T.alloc_local((SUM_FIELDS,), "float32")
@@ -126,7 +126,7 @@ def partials_program(call: BatchNormCall, chunk: int) -> Any:
     splits = T.dynamic("splits")
 
     @T.macro
-    def body(X, P):
+    def body(X, W, Bias, RM, RV, P, S, Q, Y):
         with T.Kernel(splits, shape.channels, threads=threads) as (split, c):
             lane = T.get_thread_binding()
             acc = T.alloc_local((SUM_FIELDS,), "float32")
@@ -144,18 +144,8 @@ def partials_program(call: BatchNormCall, chunk: int) -> Any:
                 for f in T.unroll(PARTIAL_FIELDS):
                     P[c, split, f] = st[f]
 
-    def main(X, P):
-        body(X, P)
-
-    from .._common import tiles
-
-    return tiles.prim_func(
-        main,
-        shape.dtype,
-        {"P": "float32"},
-        X=shape.x_shape(),
-        P=(shape.channels, splits, PARTIAL_FIELDS),
-    )
+    partials = (shape.channels, splits, PARTIAL_FIELDS)
+    return bn_prim_func(body, shape, channel_tensors=(), output=False, P=partials)
 
 
 def finish_program(call: BatchNormCall, chunk: int) -> Any:
@@ -172,7 +162,7 @@ def finish_program(call: BatchNormCall, chunk: int) -> Any:
     splits = T.dynamic("splits")
 
     @T.macro
-    def body(X, W, Bias, RM, RV, P, Y):
+    def body(X, W, Bias, RM, RV, P, S, Q, Y):
         with T.Kernel(splits, shape.channels, threads=threads) as (bx, by):
             split, c = splits - 1 - bx, shape.channels - 1 - by
             lane = T.get_thread_binding()
@@ -194,7 +184,4 @@ def finish_program(call: BatchNormCall, chunk: int) -> Any:
             if split == 0 and lane == 0:
                 update_stats(RM, RV, c, st[1], var, st[0])
 
-    def main(X, W, Bias, RM, RV, P, Y):
-        body(X, W, Bias, RM, RV, P, Y)
-
-    return signature(main, shape, P=(shape.channels, splits, PARTIAL_FIELDS))
+    return bn_prim_func(body, shape, P=(shape.channels, splits, PARTIAL_FIELDS))
