@@ -29,14 +29,13 @@ def gemm_program(call: GemmCall, tile: Tile, tma: bool) -> Any:
     wgmma, elsewhere (no `tma`, MMA_SYNC_ONLY) to cp.async and mma.sync. m is symbolic."""
     import tilelang.language as T
 
-    from .._common import tiles
-
     n, k, dtype = call.n, call.k, DTYPE_NAMES[call.dtype]
     bm, bn, bk = tile.block_m, tile.block_n, tile.block_k
     m = T.dynamic("m")
     hints = None if tma else NO_TMA
 
-    def main(A, B, C):
+    @T.macro
+    def body(A, B, P, C, Count, Out):
         with T.Kernel(T.ceildiv(n, bn), T.ceildiv(m, bm), threads=tile.threads) as (bx, by):
             a_tile = T.alloc_shared((bm, bk), dtype)
             b_tile = T.alloc_shared((bk, bn), dtype)
@@ -54,16 +53,14 @@ def gemm_program(call: GemmCall, tile: Tile, tma: bool) -> Any:
             else:
                 T.copy(acc, C[by * bm, bx * bn])
 
-    return tiles.prim_func(main, dtype, A=(m, k), B=(k, n), C=(m, n))
+    return gemm_prim_func(body, dtype, {}, A=(m, k), B=(k, n), C=(m, n))
 
 
 def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
     """Block (column tile, split) multiplies all m rows (one row tile) by its slice of k.
     Split: float32 partials into P[split * block_m + row, col]; unsplit: straight into C.
-    Copies are cp.async: TMA copies trailed them at every decode shape on the H200."""
+    Copies are cp.async, TMA's trailed at every decode shape (TUNING.md#skinny-split)."""
     import tilelang.language as T
-
-    from .._common import tiles
 
     n, k, dtype = call.n, call.k, DTYPE_NAMES[call.dtype]
     tile, per_split = plan.tile, plan.k_tiles
@@ -99,7 +96,7 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
                 Count[bx] = 0
 
     @T.macro
-    def body(A, B, C, Count, Out):
+    def body(A, B, P, C, Count, Out):
         with T.Kernel(T.ceildiv(n, bn), plan.splits, threads=tile.threads) as (bx, split):
             a_tile = T.alloc_shared((bm, bk), dtype)
             b_tile = T.alloc_shared((bk, bn), dtype)
@@ -116,24 +113,13 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
             if split_k and plan.fixup:
                 fixup(C, Count, Out, bx)
 
-    if split_k and plan.fixup:
-
-        def main(A, B, C, Count, Out):
-            body(A, B, C, Count, Out)
-
-        dtypes = {"C": "float32", "Count": "int32"}
-        columns = ceil_div(n, bn)
-        shapes = {"A": (m, k), "B": (k, n), "C": (plan.splits * bm, n), "Count": (columns,)}
-        return tiles.prim_func(main, dtype, dtypes, **shapes, Out=(m, n))
-
-    def main(A, B, C):
-        body(A, B, C, None, None)
-
-    if split_k:
-        return tiles.prim_func(
-            main, dtype, {"C": "float32"}, A=(m, k), B=(k, n), C=(plan.splits * bm, n)
-        )
-    return tiles.prim_func(main, dtype, A=(m, k), B=(k, n), C=(m, n))
+    if not split_k:
+        return gemm_prim_func(body, dtype, {}, A=(m, k), B=(k, n), C=(m, n))
+    tensors, dtypes = {"A": (m, k), "B": (k, n), "C": (plan.splits * bm, n)}, {"C": "float32"}
+    if plan.fixup:
+        tensors.update(Count=(ceil_div(n, bn),), Out=(m, n))
+        dtypes["Count"] = "int32"
+    return gemm_prim_func(body, dtype, dtypes, **tensors)
 
 
 def split_sum(plan: SkinnyPlan, vec: int) -> Any:
@@ -160,18 +146,29 @@ def reduce_program(call: GemmCall, plan: SkinnyPlan) -> Any:
     Threads take consecutive vectors of C (coalesced reads of every split's rows)."""
     import tilelang.language as T
 
-    from .._common import tiles
-
     n, dtype, bm = call.n, DTYPE_NAMES[call.dtype], plan.tile.block_m
     vec = vector_width(n, torch.float32)
     runs = n // vec
     m = T.dynamic("m")
     sum_splits = split_sum(plan, vec)
 
-    def main(P, C):
+    @T.macro
+    def body(A, B, P, C, Count, Out):
         with T.Kernel(T.ceildiv(m * runs, REDUCE_THREADS), threads=REDUCE_THREADS) as bx:
             g = bx * REDUCE_THREADS + T.get_thread_binding()
             if g < m * runs:
                 sum_splits(P, C, g // runs, (g % runs) * vec)
 
-    return tiles.prim_func(main, dtype, {"P": "float32"}, P=(plan.splits * bm, n), C=(m, n))
+    return gemm_prim_func(body, dtype, {"P": "float32"}, P=(plan.splits * bm, n), C=(m, n))
+
+
+def gemm_prim_func(body: Any, dtype: str, dtypes: dict[str, str], **tensors: tuple) -> Any:
+    """The prim_func of body(A, B, P, C, Count, Out) over the GEMM family's tensors that
+    `tensors` names (the others None): A and B, the float32 partials (P, or C where the skinny
+    kernel writes them), C, the fixup's arrival counters and output."""
+    from .._common import tiles
+
+    def main(A=None, B=None, P=None, C=None, Count=None, Out=None):
+        body(A, B, P, C, Count, Out)
+
+    return tiles.prim_func(main, dtype, dtypes, **tensors)
