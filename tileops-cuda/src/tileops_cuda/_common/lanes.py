@@ -31,8 +31,8 @@ class RowPlan:
     `cluster` blocks share one row, a slice each (cluster_row). `one_pass`: LayerNorm gathers
     its statistics while the row loads, as stream_row always does, with no pass over shared
     memory before the output: each lane sums x and x^2 shifted by its own first element, and
-    the lanes' (count, mean, M2) merge as Chan's. (A softmax running max per vector measured
-    slower than its two passes at every length, so softmax has no such option.) `bulk`: the
+    the lanes' (count, mean, M2) merge as Chan's. (Softmax has no such option: a running
+    max per vector measured slower than its two passes at every length.) `bulk`: the
     block's slice arrives in shared memory by TMA (sm_90) before any lane reads it, instead of
     through the lanes' registers (rows.plans.bulk_eligible says which plans can). `scaled_exp`
     (softmax, held rows): each exponential is one fused multiply-add from the max in log2 units

@@ -77,7 +77,7 @@ class GemmHopper(_Gemm):
 
     TMA needs 16-byte aligned row strides. Where n or k is not a multiple of 8 in a large
     call (PAD_MIN_FLOPS), the operands are copied into zero-padded ones and the result out of
-    a padded one, against cuBLAS losing ~80% of its throughput on such shapes.
+    a padded one (TUNING.md#hopper-padding).
     """
 
     supported_archs = frozenset({90})
