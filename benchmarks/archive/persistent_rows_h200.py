@@ -46,8 +46,8 @@ def program(kind, n, dtype, cluster, threads, grid, stages, blocks_per_sm):
     exact multiples of the cluster's vectors; S: the slices' partial statistics."""
     import tilelang.language as T
 
-    from tileops_cuda import tiles
-    from tileops_cuda.rows import RowPlan
+    from tileops_cuda._common import tiles
+    from tileops_cuda._common.lanes import RowPlan
 
     vec = 16 // torch.tensor([], dtype=getattr(torch, dtype)).element_size()
     size = n // cluster

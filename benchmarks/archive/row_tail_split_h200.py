@@ -30,7 +30,7 @@ CASES = [("layer_norm", "bfloat16", 65536), ("layer_norm", "bfloat16", 131072),
 
 def finer(plan, factor: int, call):
     """`plan` with `factor` times the cluster and a `factor`-th of the slice, or None."""
-    from tileops_cuda import rows
+    from tileops_cuda.rows import plans as rows
 
     size = plan.cluster * factor
     if size > 16 or plan.chunks % factor:

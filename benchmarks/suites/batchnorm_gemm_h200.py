@@ -142,7 +142,7 @@ def measure_bn(mode: str, shape: tuple[int, ...], dtype: str, args: argparse.Nam
 def measure_gemm(shape: tuple[int, int, int], dtype: str, args: argparse.Namespace) -> Row:
     import tileops_cuda
     from tileops.ops import GemmCall, GemmOp
-    from tileops_cuda.gemm import SKINNY_M
+    from tileops_cuda.gemm.tiles import SKINNY_M
 
     m, n, k = shape
     a = torch.randn(m, k, device="cuda", dtype=DTYPES[dtype])

@@ -36,7 +36,7 @@ HELD_IN_PARTS = ("tilelang_bn_cluster_channel", "tilelang_bn_group_channel")
 def rows_for(shape: tuple[int, int, int]) -> list[str]:
     import tileops_cuda
     from tileops.ops import BatchNormFwdOp
-    from tileops_cuda.batch_norm import cluster_channel_plan
+    from tileops_cuda.batch_norm.plans import cluster_channel_plan
 
     x, (w, b, rm, rv), call, three_passes_us = training_case(shape)
     label = "x".join(map(str, shape))

@@ -46,9 +46,9 @@ def kernel_for(call, layout: str, hold: str, parts: int, threads: int):
     """The training kernel of `layout` (cluster or group) with the channel in `parts` parts of
     `threads`-thread blocks, held in registers (reg) or shared memory (smem); None where a part
     does not fit shared memory."""
-    from tileops_cuda import batch_norm as bn
-    from tileops_cuda.compile import build_program
-    from tileops_cuda.rows import RowPlan, plan_smem_bytes, with_occupancy
+    from tileops_cuda._common.compile import build_program
+    from tileops_cuda._common.lanes import RowPlan, plan_smem_bytes, with_occupancy
+    from tileops_cuda.batch_norm import kernels as bn
 
     vec = bn.vector_width(call.spatial, call.dtype)
     chunks = -(-bn.values_per_channel(call) // vec // (parts * threads))
@@ -72,7 +72,7 @@ def kernel_for(call, layout: str, hold: str, parts: int, threads: int):
 
 
 def parse_variant(call, spec: str) -> tuple[str, str, int, int]:
-    from tileops_cuda.batch_norm import cluster_channel_plan
+    from tileops_cuda.batch_norm.plans import cluster_channel_plan
 
     layout, hold, parts, threads = spec.split("/")
     plan = cluster_channel_plan(call)

@@ -100,7 +100,7 @@ def candidates(shapes: list[tuple[int, int, int]] | None = None) -> list[Candida
 
 
 def gemm_skinny_m() -> int:
-    from tileops_cuda.gemm import SKINNY_M
+    from tileops_cuda.gemm.tiles import SKINNY_M
 
     return SKINNY_M
 
@@ -114,8 +114,8 @@ def call_for(shape: tuple[int, int, int]) -> Any:
 
 def build(candidate: Candidate) -> Any:
     """The candidate as a callable kernel (compiled through the shared disk cache)."""
-    from tileops_cuda import gemm
-    from tileops_cuda.compile import build_program
+    from tileops_cuda._common.compile import build_program
+    from tileops_cuda.gemm import kernels as gemm
 
     call = call_for(candidate.shape)
     name = f"sweep/{candidate.kind}/{candidate.shape}/{candidate.settings}"

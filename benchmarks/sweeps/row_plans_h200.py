@@ -61,7 +61,7 @@ def plans(layout: str, op: str, call: Any) -> list[Any]:
     with and without scaled exponents; cluster plans with and without DSMEM partials."""
     import dataclasses
 
-    from tileops_cuda.rows import bulk_eligible
+    from tileops_cuda.rows.plans import bulk_eligible
 
     found = cluster_plans(call) if layout == "cluster_row" else block_plans(layout, call)
     if op == "layer_norm":
@@ -79,7 +79,7 @@ def plans(layout: str, op: str, call: Any) -> list[Any]:
 def block_plans(layout: str, call: Any) -> list[Any]:
     """One block per row: 128 to 1024 threads; stream_row's read the row twice at any length
     (the second read mostly from L2)."""
-    from tileops_cuda import rows
+    from tileops_cuda.rows import plans as rows
 
     hold = {"block_row": "registers", "stream_row": "none"}.get(layout, "shared")
     vec = rows.vector_width(call.n, call.dtype)
@@ -102,7 +102,7 @@ def cluster_plans(call: Any) -> list[Any]:
     """Every (threads, cluster size) candidate whose slices hold SLICE_BYTES_RANGE bytes and fit
     the budget; 16 blocks is a non-portable size, which TileLang's launcher allows (it sets the
     kernel's non-portable cluster attribute)."""
-    from tileops_cuda import rows
+    from tileops_cuda.rows import plans as rows
 
     vec, itemsize = rows.vector_width(call.n, call.dtype), rows.ITEMSIZE[call.dtype]
     low, high = SLICE_BYTES_RANGE

@@ -10,7 +10,9 @@ from cuda_grid import SIMULATED, bn_call, gemm_call
 import tileops_cuda
 from tileops.ops import BatchNormFwdOp, GemmOp
 from tileops.testing import simulate_device
-from tileops_cuda import batch_norm, gemm
+from tileops_cuda.batch_norm import kernels as batch_norm
+from tileops_cuda.gemm import kernels as gemm
+from tileops_cuda.gemm import tiles as gemm_tiles
 
 # One call per kernel, inside its region on both simulated devices; dtypes and flags vary so
 # that between them every code path of the epilogues compiles.
@@ -114,12 +116,12 @@ def test_hopper_gemm_smem_epilogue_stores_c_with_tma(tilelang_cache):
     its 64 KB C tile takes one of the four pipeline stages' room."""
     from dataclasses import replace
 
-    from tileops_cuda.compile import build_program
+    from tileops_cuda._common.compile import build_program
 
     call = GEMM_CALLS["tilelang_gemm_hopper"]
     with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
         staged = gemm.GemmHopper.plan(call)
-        direct = gemm._with_stages(replace(staged, smem_epilogue=False), call, 64)
+        direct = gemm_tiles._with_stages(replace(staged, smem_epilogue=False), call, 64)
     assert staged.smem_epilogue and (direct.stages, staged.stages) == (4, 3)
     stores = []
     for tile in (direct, staged):

@@ -11,7 +11,8 @@ from cuda_grid import bn_call, gemm_call
 
 from tileops.ops import BatchNormFwdOp, GemmOp
 from tileops.ops.norm.batch_norm import BatchNormInferReference, BatchNormTrainReference
-from tileops_cuda import batch_norm, gemm
+from tileops_cuda.batch_norm import kernels as batch_norm
+from tileops_cuda.gemm import kernels as gemm
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda_kernels_only")]
 
@@ -249,7 +250,7 @@ def _fixup_kernel(call) -> gemm.GemmSkinny:
     block of each column tile sums the partials."""
     from dataclasses import replace
 
-    from tileops_cuda.compile import build_program
+    from tileops_cuda._common.compile import build_program
 
     plan = replace(gemm.skinny_plan(call), fixup=True)
     assert plan.splits > 1

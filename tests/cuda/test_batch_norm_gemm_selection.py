@@ -12,8 +12,11 @@ from cuda_grid import SIMULATED, bn_call, gemm_call
 import tileops_cuda
 from tileops.ops import BatchNormFwdOp, GemmOp
 from tileops.testing import simulate_device
-from tileops_cuda import batch_norm, gemm
-from tileops_cuda.rows import plan_smem_bytes
+from tileops_cuda._common.lanes import plan_smem_bytes
+from tileops_cuda.batch_norm import kernels as batch_norm
+from tileops_cuda.batch_norm import plans as bn_plans
+from tileops_cuda.gemm import kernels as gemm
+from tileops_cuda.gemm import tiles as gemm_tiles
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 TRAIN, INFER = "batch_norm_fwd_train", "batch_norm_fwd_infer"
@@ -91,7 +94,7 @@ CLUSTER_EDGES = [
 def test_cluster_and_group_channel_plan_edges(shape, parts, part_bytes, key):
     call = bn_call(*shape, torch.bfloat16)
     with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
-        plan = batch_norm.cluster_channel_plan(call)
+        plan = bn_plans.cluster_channel_plan(call)
         cluster = batch_norm.BatchNormClusterChannel.refusal(call)
         group = batch_norm.BatchNormGroupChannel.refusal(call)
     assert (plan and plan.cluster) == parts
@@ -120,12 +123,12 @@ def test_cluster_and_group_channel_plan_edges(shape, parts, part_bytes, key):
 
 def test_group_channel_takes_1024_threads_where_they_fit_half_the_budget():
     with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
-        wide = batch_norm.group_channel_plan(bn_call(256, 256, 3136, torch.bfloat16))
+        wide = bn_plans.group_channel_plan(bn_call(256, 256, 3136, torch.bfloat16))
     assert (wide.cluster, wide.lanes, wide.chunks, wide.blocks_per_sm) == (16, 1024, 7, 2)
     # half of this budget holds 13 chunks of 512 vectors (106496 + 1024 B), but not 7 of 1024
     facts = {**SIMULATED[90], "smem_budget": 215040}
     with simulate_device("cuda:0", arch=90, **facts):
-        narrow = batch_norm.group_channel_plan(bn_call(1, 1, 16 * 13 * 4096, torch.bfloat16))
+        narrow = bn_plans.group_channel_plan(bn_call(1, 1, 16 * 13 * 4096, torch.bfloat16))
     assert (narrow.cluster, narrow.lanes, narrow.chunks) == (16, 512, 13)
 
 
@@ -156,7 +159,7 @@ BLOCK_EDGES = [
 @pytest.mark.parametrize("shape,hold,lanes,chunks", BLOCK_EDGES)
 def test_block_channel_plan_edges(shape, hold, lanes, chunks):
     with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
-        plan = batch_norm.block_channel_plan(bn_call(*shape, torch.bfloat16))
+        plan = bn_plans.block_channel_plan(bn_call(*shape, torch.bfloat16))
     assert (plan.hold, plan.lanes, plan.chunks) == (hold, lanes, chunks)
 
 
@@ -193,7 +196,7 @@ def test_batch_norm_smem_channel_edges(shape, arch, dtype, key):
     assert serves == (key == "tilelang_bn_smem_channel")
     if arch == 90:  # a cluster or a group of 16 blocks holds every channel here
         with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
-            parts = batch_norm.cluster_channel_plan(call).cluster
+            parts = bn_plans.cluster_channel_plan(call).cluster
         key = "tilelang_bn_group_channel" if parts == 16 else "tilelang_bn_cluster_channel"
     assert bn_key(call, arch) == key
 
@@ -414,8 +417,8 @@ def test_tile_rules_follow_the_device():
     with simulate_device("cuda:0", arch=80, **SIMULATED[80]):
         a100 = gemm.GemmGeneral.plan(gemm_call(4096, 4096, 4096))
     for tile, budget in ((ampere, 101376), (a100, 166912)):
-        assert tile.stages * tile.stage_bytes(2) <= budget - gemm.SMEM_RESERVE
-    assert ampere.stages < a100.stages or ampere.stages == gemm.MAX_STAGES
+        assert tile.stages * tile.stage_bytes(2) <= budget - gemm_tiles.SMEM_RESERVE
+    assert ampere.stages < a100.stages or ampere.stages == gemm_tiles.MAX_STAGES
 
 
 def test_decode_tile_takes_the_narrowest_columns_that_fit_one_wave():

@@ -13,7 +13,7 @@ BUILD = """
 import hashlib, json, time, torch
 from tileops.testing import simulate_device
 from tileops.ops import RMSNormCall
-from tileops_cuda.norms import RMSNormBlockRow
+from tileops_cuda.rows.kernels import RMSNormBlockRow
 call = RMSNormCall(device=torch.device("cuda:0"), n=5000, eps=1e-6, dtype=torch.bfloat16,
                    has_weight=True)
 start = time.perf_counter()

@@ -13,6 +13,7 @@ from cuda_grid import ROW_OPS, make_call
 import tileops_cuda
 from tileops.ops import LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
 from tileops.testing import simulate_device
+from tileops_cuda.rows import kernels as row_kernels
 
 # One call per region (the longest row of each, odd lengths where the region allows them).
 REPRESENTATIVE = {
@@ -52,22 +53,22 @@ def test_kernel_compiles_to_cubin(op, key, cls, arch, tilelang_cache):
 def test_layer_norm_affine_variants_compile(flags, tilelang_cache):
     call = make_call("LayerNormFwdOp", 300, torch.float32, **flags)
     with simulate_device("cuda:0", arch=90, sm_count=132, smem_budget=SMEM_BUDGET[90]):
-        kernel = tileops_cuda.norms.LayerNormWarpRows.entry_for(call)[1]()
+        kernel = row_kernels.LayerNormWarpRows.entry_for(call)[1]()
     assert "__global__" in kernel.compiled.get_kernel_source()
 
 
 def test_rms_norm_without_weight_compiles(tilelang_cache):
     call = make_call("RMSNormFwdOp", 2048, torch.bfloat16, has_weight=False)
     with simulate_device("cuda:0", arch=80, sm_count=108, smem_budget=SMEM_BUDGET[80]):
-        kernel = tileops_cuda.norms.RMSNormBlockRow.entry_for(call)[1]()
+        kernel = row_kernels.RMSNormBlockRow.entry_for(call)[1]()
     assert "__global__" in kernel.compiled.get_kernel_source()
 
 
 @pytest.mark.parametrize(
     "op,cls",
     [
-        ("LayerNormFwdOp", tileops_cuda.norms.LayerNormBlockRow),
-        ("RMSNormFwdOp", tileops_cuda.norms.RMSNormWarpRows),
+        ("LayerNormFwdOp", row_kernels.LayerNormBlockRow),
+        ("RMSNormFwdOp", row_kernels.RMSNormWarpRows),
     ],
 )
 def test_mixed_precision_norms_read_float32_weights(op, cls, tilelang_cache):
@@ -84,7 +85,7 @@ def test_wide_block_row_keeps_64_float32_values_a_lane(tilelang_cache):
     """32-bit rows of 16K-32K elements stay in registers: 512 lanes of 16 vectors."""
     call = make_call("SoftmaxFwdOp", 32768, torch.float32)
     with simulate_device("cuda:0", arch=80, sm_count=108, smem_budget=SMEM_BUDGET[80]):
-        cls = tileops_cuda.softmax.SoftmaxBlockRow
+        cls = row_kernels.SoftmaxBlockRow
         assert cls.refusal(call) is None
         kernel = cls.entry_for(call)[1]()
     assert "__launch_bounds__(512, 1)" in kernel.compiled.get_kernel_source()
@@ -96,7 +97,7 @@ def test_streamed_layer_norm_lengths_tilelang_once_rejected_compile(n, dtype, ti
     scalable vector"): sm_80 streams them (they exceed its shared memory or are odd)."""
     call = make_call("LayerNormFwdOp", n, dtype)
     with simulate_device("cuda:0", arch=80, sm_count=108, smem_budget=SMEM_BUDGET[80]):
-        cls = tileops_cuda.norms.LayerNormStreamRow
+        cls = row_kernels.LayerNormStreamRow
         assert cls.refusal(call) is None
         kernel = cls.entry_for(call)[1]()
     assert "__global__" in kernel.compiled.get_kernel_source()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tileops_cuda.operands import ALIGN_BYTES, aligned
+from tileops_cuda._common.operands import ALIGN_BYTES, aligned
 
 
 def test_an_aligned_tensor_passes_through():

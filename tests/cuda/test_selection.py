@@ -14,6 +14,7 @@ from tileops.backend import register_kernel_type
 from tileops.backend.registry import REGISTRY
 from tileops.ops import LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
 from tileops.testing import isolated_registry, simulate_device
+from tileops_cuda.rows import kernels as row_kernels
 
 pytestmark = pytest.mark.usefixtures("cuda_kernels_only")
 
@@ -229,7 +230,7 @@ def test_softmax_scaled_exponents_where_measured_faster(key, n, dtype, arch, sca
 
 def test_cluster_row_refuses_rows_no_cluster_holds_and_rows_smem_row_serves_faster():
     with simulate_device("cuda:0", arch=90, **DEVICES[90]):
-        cls = tileops_cuda.softmax.SoftmaxClusterRow
+        cls = row_kernels.SoftmaxClusterRow
         too_long = make_call("SoftmaxFwdOp", 8 * 60000, torch.float32)  # 240 KB slices
         assert "stream_row serves it" in cls.refusal(too_long)
         assert "fits in registers" in cls.refusal(make_call("SoftmaxFwdOp", 16384, torch.float32))
@@ -258,7 +259,7 @@ def test_cluster_row_workspace_holds_each_blocks_partials_where_shared_memory_do
     """Clusters of up to DSMEM_CLUSTER_MAX blocks, or of 256-thread blocks, reading through the
     lanes exchange partials in shared memory; 16 blocks of 512 threads and TMA-loaded slices
     through a (rows, cluster, 2) workspace."""
-    cls = tileops_cuda.norms.LayerNormClusterRow
+    cls = row_kernels.LayerNormClusterRow
     shapes = ((262144, torch.bfloat16), (262144, torch.float32), (65536, torch.float32))
     with simulate_device("cuda:0", arch=90, **DEVICES[90]):
         eight, sixteen, bulk = (cls.plan(make_call("LayerNormFwdOp", *s)) for s in shapes)
@@ -266,14 +267,14 @@ def test_cluster_row_workspace_holds_each_blocks_partials_where_shared_memory_do
     assert (sixteen.cluster, sixteen.dsmem) == (16, False)
     assert bulk.bulk and not bulk.dsmem
     with simulate_device("cuda:0", arch=90, **DEVICES[90]):
-        softmax = tileops_cuda.softmax.SoftmaxClusterRow.plan(
+        softmax = row_kernels.SoftmaxClusterRow.plan(
             make_call("SoftmaxFwdOp", 262144, torch.float32)
         )
     assert (softmax.cluster, softmax.lanes, softmax.dsmem) == (16, 256, True)
     (workspace,) = cls(compiled=None, plan=sixteen).workspace(torch.empty(5, 262144))
     assert workspace.shape == (5, 16, 2) and workspace.dtype == torch.float32
     assert cls(None, eight).workspace(torch.empty(5, 8)) == ()
-    unclustered = tileops_cuda.norms.LayerNormSmemRow(None, dataclasses.replace(eight, cluster=1))
+    unclustered = row_kernels.LayerNormSmemRow(None, dataclasses.replace(eight, cluster=1))
     assert unclustered.workspace(torch.empty(5, 10)) == ()
 
 
@@ -287,7 +288,7 @@ def test_float64_is_refused_with_a_reason(name):
 
 def test_build_identity_holds_what_changes_the_code():
     with simulate_device("cuda:0", arch=90, **DEVICES[90]):
-        cls = tileops_cuda.norms.LayerNormBlockRow
+        cls = row_kernels.LayerNormBlockRow
         base = make_call("LayerNormFwdOp", 4096, torch.bfloat16)
         identity = cls.entry_for(base)[0]
         assert identity[:3] == (90, "bfloat16", 4096)
@@ -302,8 +303,6 @@ def test_build_identity_holds_what_changes_the_code():
 
 def test_entry_for_does_not_compile():
     with simulate_device("cuda:0", arch=80, **DEVICES[80]):
-        tileops_cuda.softmax.SoftmaxStreamRow.entry_for(
-            make_call("SoftmaxFwdOp", 99999, torch.float16)
-        )
+        row_kernels.SoftmaxStreamRow.entry_for(make_call("SoftmaxFwdOp", 99999, torch.float16))
     if "tilelang" not in sys.modules:  # other tests of the session may have compiled already
         assert "tilelang" not in sys.modules

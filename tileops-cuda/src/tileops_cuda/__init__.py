@@ -20,44 +20,46 @@ def tileops_backend_info() -> dict:
 
 
 # Imported after the hook, so that it is in place even if a kernel module fails to import.
-from . import batch_norm, gemm, norms, softmax  # noqa: E402
+from .batch_norm import kernels as bn_kernels  # noqa: E402
+from .gemm import kernels as gemm_kernels  # noqa: E402
+from .rows import kernels as row_kernels  # noqa: E402
 
 KERNELS = {
     LayerNormFwdOp: {
-        "tilelang_warp_rows": norms.LayerNormWarpRows,
-        "tilelang_block_row": norms.LayerNormBlockRow,
-        "tilelang_smem_row": norms.LayerNormSmemRow,
-        "tilelang_stream_row": norms.LayerNormStreamRow,
-        "tilelang_cluster_row": norms.LayerNormClusterRow,
+        "tilelang_warp_rows": row_kernels.LayerNormWarpRows,
+        "tilelang_block_row": row_kernels.LayerNormBlockRow,
+        "tilelang_smem_row": row_kernels.LayerNormSmemRow,
+        "tilelang_stream_row": row_kernels.LayerNormStreamRow,
+        "tilelang_cluster_row": row_kernels.LayerNormClusterRow,
     },
     RMSNormFwdOp: {
-        "tilelang_warp_rows": norms.RMSNormWarpRows,
-        "tilelang_block_row": norms.RMSNormBlockRow,
-        "tilelang_smem_row": norms.RMSNormSmemRow,
-        "tilelang_stream_row": norms.RMSNormStreamRow,
-        "tilelang_cluster_row": norms.RMSNormClusterRow,
+        "tilelang_warp_rows": row_kernels.RMSNormWarpRows,
+        "tilelang_block_row": row_kernels.RMSNormBlockRow,
+        "tilelang_smem_row": row_kernels.RMSNormSmemRow,
+        "tilelang_stream_row": row_kernels.RMSNormStreamRow,
+        "tilelang_cluster_row": row_kernels.RMSNormClusterRow,
     },
     SoftmaxFwdOp: {
-        "tilelang_warp_rows": softmax.SoftmaxWarpRows,
-        "tilelang_block_row": softmax.SoftmaxBlockRow,
-        "tilelang_smem_row": softmax.SoftmaxSmemRow,
-        "tilelang_stream_row": softmax.SoftmaxStreamRow,
-        "tilelang_cluster_row": softmax.SoftmaxClusterRow,
+        "tilelang_warp_rows": row_kernels.SoftmaxWarpRows,
+        "tilelang_block_row": row_kernels.SoftmaxBlockRow,
+        "tilelang_smem_row": row_kernels.SoftmaxSmemRow,
+        "tilelang_stream_row": row_kernels.SoftmaxStreamRow,
+        "tilelang_cluster_row": row_kernels.SoftmaxClusterRow,
     },
     BatchNormFwdOp: {
-        "tilelang_bn_thread_channel": batch_norm.BatchNormThreadChannel,
-        "tilelang_bn_block_channel": batch_norm.BatchNormBlockChannel,
-        "tilelang_bn_smem_channel": batch_norm.BatchNormSmemChannel,
-        "tilelang_bn_cluster_channel": batch_norm.BatchNormClusterChannel,
-        "tilelang_bn_group_channel": batch_norm.BatchNormGroupChannel,
-        "tilelang_bn_split_channel": batch_norm.BatchNormSplitChannel,
-        "tilelang_bn_tiled": batch_norm.BatchNormTiled,
-        "tilelang_bn_infer": batch_norm.BatchNormInfer,
+        "tilelang_bn_thread_channel": bn_kernels.BatchNormThreadChannel,
+        "tilelang_bn_block_channel": bn_kernels.BatchNormBlockChannel,
+        "tilelang_bn_smem_channel": bn_kernels.BatchNormSmemChannel,
+        "tilelang_bn_cluster_channel": bn_kernels.BatchNormClusterChannel,
+        "tilelang_bn_group_channel": bn_kernels.BatchNormGroupChannel,
+        "tilelang_bn_split_channel": bn_kernels.BatchNormSplitChannel,
+        "tilelang_bn_tiled": bn_kernels.BatchNormTiled,
+        "tilelang_bn_infer": bn_kernels.BatchNormInfer,
     },
     GemmOp: {
-        "tilelang_gemm": gemm.GemmGeneral,
-        "tilelang_gemm_hopper": gemm.GemmHopper,
-        "tilelang_gemm_skinny": gemm.GemmSkinny,
+        "tilelang_gemm": gemm_kernels.GemmGeneral,
+        "tilelang_gemm_hopper": gemm_kernels.GemmHopper,
+        "tilelang_gemm_skinny": gemm_kernels.GemmSkinny,
     },
 }
 """Every kernel this package registers: op class -> key -> kernel class."""

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import tilelang.language as T
 
-from .rows import WARP, RowPlan
+from .arith import WARP
+from .lanes import RowPlan
 
 NEG_INF = float("-inf")
 UNROLL = 8  # chunks in flight per lane in long rows: 8 x 16 bytes x 1024 lanes = 128 KB per SM
@@ -85,7 +86,7 @@ def exchange_partials(P, part, first, second, parts: int):
     block of its cluster (distributed shared memory), then waits at the cluster barrier until
     every block has written its own: no round trip to L2 after the barrier, as share_partials'
     global workspace costs. Other blocks write P while this one still reduces, so the program
-    must be compiled without shared-memory reuse (RowKernel.build)."""
+    must be compiled without shared-memory reuse (rows.base.RowKernel.build)."""
     mine = T.alloc_shared((2,), "float32")
     if T.get_thread_binding() == 0:
         mine[0] = first
@@ -259,6 +260,18 @@ def reload(X, store, plan: RowPlan, row, lane, k, t, base=0):
     else:
         for v in T.vectorized(plan.vec):
             t[v] = X[row, base + at + v]
+
+
+def macro(*refs: str):
+    """T.macro whose parameters named in `refs` take a T.alloc_var by reference (T.Ref): the
+    macro reads and assigns the caller's variable itself, where a plain parameter would bind a
+    copy on entry. Set here: this package's postponed annotations would reach TileLang as text."""
+
+    def decorate(fn):
+        fn.__annotations__ = dict.fromkeys(refs, T.Ref)
+        return T.macro(fn)
+
+    return decorate
 
 
 def prim_func(fn, dtype: str, dtypes: dict[str, str] | None = None, **shapes):

@@ -1,0 +1,1 @@
+"""BatchNorm forward kernels: seven training layouts and inference (`kernels` declares them)."""

@@ -1,0 +1,83 @@
+"""_Gemm: what every GEMM kernel shares (dtype refusal, build identity, the compiled call); the
+declarations are in `kernels`."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any, ClassVar
+
+import torch
+
+from tileops import Kernel
+from tileops.kernel import Build
+from tileops.ops import GemmCall, GemmInterface
+
+from .._common.arith import DTYPE_NAMES
+from .._common.compile import build_program
+from .._common.operands import aligned
+from .tiles import HALF
+
+
+def dtype_refusal(call: GemmCall) -> str | None:
+    if call.dtype in HALF:
+        return None
+    if call.dtype == torch.float32:
+        return (
+            "float32 is not served: T.gemm would run it as tf32 (10 mantissa bits) where "
+            "torch.mm keeps float32; the Triton or reference kernels serve it"
+        )
+    return f"{call.dtype} is not served (float16 and bfloat16 only); the reference serves it"
+
+
+class _Gemm(Kernel, GemmInterface):
+    """Base: dtype refusal, build identity (arch, dtype, n, k, plan) and the compiled call."""
+
+    # The target's features ("a": sm_90a) and TileLang pass configs (None: its defaults).
+    features: ClassVar[str] = ""
+    pass_configs: ClassVar[dict[str, Any] | None] = None
+
+    @classmethod
+    def refusal(cls, call: GemmCall) -> str | None:
+        return dtype_refusal(call) or cls.region_refusal(call)
+
+    @classmethod
+    def region_refusal(cls, call: GemmCall) -> str | None:
+        return None
+
+    @classmethod
+    def plan(cls, call: GemmCall) -> Hashable:
+        raise NotImplementedError
+
+    @classmethod
+    def entry_for(cls, call: GemmCall) -> tuple[Hashable, Build]:
+        plan = cls.plan(call) if call.k else None
+        identity = (call.arch, DTYPE_NAMES[call.dtype], call.n, call.k, plan)
+
+        def build() -> _Gemm:
+            if plan is None:
+                return cls(call, [])
+            name = f"{cls.__name__}{identity}"
+            return cls(call, [cls.compile(name, i, p, call.arch) for i, p in cls.programs(call)])
+
+        return identity, build
+
+    @classmethod
+    def compile(cls, name: str, index: int, program: Any, arch: int) -> Any:
+        return build_program(
+            f"{name}/{index}", program, arch, features=cls.features, pass_configs=cls.pass_configs
+        )
+
+    @classmethod
+    def programs(cls, call: GemmCall) -> list[tuple[int, Any]]:
+        """(index, prim_func factory) of each kernel of the entry, in launch order."""
+        raise NotImplementedError
+
+    def __init__(self, call: GemmCall, compiled: list[Any]) -> None:
+        self.compiled = compiled
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        c = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+        if not self.compiled:  # k == 0: an empty sum
+            return c.zero_()
+        self.compiled[0](aligned(a), aligned(b), c)
+        return c

@@ -1,0 +1,1 @@
+"""Row-wise kernels: LayerNorm, RMSNorm and softmax forward (`kernels` declares them)."""
