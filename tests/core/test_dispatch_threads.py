@@ -15,8 +15,8 @@ from dispatch_kit import INTERFACE, call, kernel, make_op
 import tileops.control
 import tileops.device
 import tileops.table
-from tileops.backend.plugins import LOADER
-from tileops.backend.registry import REGISTRY
+from tileops.plugins import LOADER
+from tileops.registry import REGISTRY
 from tileops.testing import simulate_device
 
 THREADS = 16

@@ -90,7 +90,7 @@ class Rules:
         """The rules in force on each interface of `op_cls`, whose keys per interface are
         `keys`. A pin naming no interface applies where its key implements the interface;
         pins that conflict on one interface leave it unpinned (`unmatched` reports them)."""
-        from .backend.registry import REGISTRY
+        from .registry import REGISTRY
 
         found = {name: InterfaceRules() for name in op_cls.interfaces}
         for rule in [*self.rules, *REGISTRY.rules()]:
@@ -184,7 +184,7 @@ def _unmatched_on(rule: Rule, op_cls: type, installed: Collection[str]) -> str |
 
 def _keys_on(op_cls: type, interface: str) -> set[str]:
     """The installed keys of `op_cls` whose classes implement its `interface`."""
-    from .backend.registry import REGISTRY
+    from .registry import REGISTRY
 
     classes = {**op_cls.kernel_types}
     classes.update({key: r.cls for key, r in REGISTRY.kernel_types(op_cls).items()})
@@ -224,8 +224,8 @@ def prefer(op: type | str, interface: str, winner: str, loser: str) -> None:
                 f"tileops.prefer: {op_cls.op_name} has no kernel {key!r}; it has "
                 f"{', '.join(sorted(keys))}"
             )
-    from .backend.registry import REGISTRY
     from .provenance import caller_source
+    from .registry import REGISTRY
 
     rule = Rule("tileops.prefer()", op_cls.op_name, interface, (winner, loser), caller_source())
     # Kept in the registry: a transaction (isolated_registry) undoes it like a registration.
@@ -390,8 +390,8 @@ def current_pin(op_cls: type, interface: str) -> str | None:
 
 
 def _check_target(op: type | str, interface: str, api: str) -> type:
-    from .backend.plugins import LOADER
-    from .backend.registry import REGISTRY
+    from .plugins import LOADER
+    from .registry import REGISTRY
 
     LOADER.ensure_loaded()
     op_cls = REGISTRY.op_class(op)
@@ -404,7 +404,7 @@ def _check_target(op: type | str, interface: str, api: str) -> type:
 
 
 def _installed_keys(op_cls: type) -> set[str]:
-    from .backend.registry import REGISTRY
+    from .registry import REGISTRY
 
     return set(op_cls.kernel_types) | set(REGISTRY.kernel_types(op_cls))
 

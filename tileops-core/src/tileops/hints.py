@@ -12,10 +12,10 @@ import difflib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from .backend.plugins import LOADER
-from .backend.registry import REGISTRY
 from .errors import KernelDeclarationError
 from .kernel import Kernel
+from .plugins import LOADER
+from .registry import REGISTRY
 from .selection import Candidate
 
 

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .autocast import castable
-from .backend.registry import REGISTRY
 from .backward import backward_of
 from .errors import OpDefinitionError, OpInputError, add_note
+from .registry import REGISTRY
 from .table import ENTRY_LIMIT, remember
 
 if TYPE_CHECKING:

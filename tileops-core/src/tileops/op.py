@@ -15,10 +15,7 @@ import torch
 
 from . import library
 from .autocast import agreeing, autocast_policy
-from .backend.plugins import LOADER, failure_note
-from .backend.registry import BUILTIN, REGISTRY
-from .call import CallSpec, check_fields
-from .cases import Case
+from .callspec import CallSpec, check_fields
 from .control import SCOPES, current_variant
 from .errors import (
     AmbiguousTargetError,
@@ -28,8 +25,11 @@ from .errors import (
     UnknownTargetError,
     add_note,
 )
-from .explain import Explanation
+from .explanation import Explanation
 from .kernel import Kernel, KernelInterface
+from .plugins import LOADER, failure_note
+from .registry import BUILTIN, REGISTRY
+from .samples import Case
 from .signature import BoundCall, ShapePlan, Signature, TensorSpec
 from .table import HIT_LIMIT, KernelTable, remember, table_for
 

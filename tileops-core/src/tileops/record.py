@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .call import CallSpec
+from .callspec import CallSpec
 
 if TYPE_CHECKING:
     from .table import KernelTable

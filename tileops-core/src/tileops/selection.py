@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .call import CallSpec
+from .callspec import CallSpec
 from .errors import (
     AmbiguousDispatchError,
     BackendError,

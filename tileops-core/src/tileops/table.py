@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import observe
-from .backend.plugins import distributions_serving, failure_note
-from .backend.registry import REGISTRY
-from .call import CallSpec, check_fields
-from .candidates import candidates_of
+from .callspec import CallSpec, check_fields
 from .control import RULES, Scope, Variant, current_pin, current_variant, strict
 from .device import SIMULATED, Simulation, on_simulation_end
 from .errors import BackendError, KernelDeclarationError, NoImplementationError, add_note
-from .explain import Explanation
+from .explanation import Explanation
+from .kernel_sets import candidates_of
+from .plugins import distributions_serving, failure_note
 from .record import record_call
+from .registry import REGISTRY
 from .selection import REFUSED, Candidate, Judgement, Policy, find_cycle, judge, outranking
 
 if TYPE_CHECKING:

@@ -8,14 +8,14 @@ from typing import Any
 
 import torch
 
-from ..call import CallSpec
-from ..candidates import check_registration
+from ..callspec import CallSpec
 from ..errors import AmbiguousTargetError, BackendError, UnknownTargetError
+from ..kernel_sets import check_registration
+from ..plugins import LOADER, PROTOCOL_VERSION, BackendInfo, LoadFailure, failure_note, hookimpl
 from ..provenance import caller_source
+from ..registry import BUILTIN, REGISTRY, Builder, Detector, Registration
 from ..selection import unavailability
 from ..signature import TensorSpec
-from .plugins import LOADER, PROTOCOL_VERSION, BackendInfo, LoadFailure, failure_note, hookimpl
-from .registry import BUILTIN, REGISTRY, Builder, Detector, Registration
 
 __all__ = [
     "BUILTIN",

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from .. import backend, hints
-from ..backend.plugins import LOADER
-from ..backend.registry import REGISTRY
 from ..errors import KernelDeclarationError
+from ..plugins import LOADER
+from ..registry import REGISTRY
 from ..table import table_for
 from . import claims
 from .output import Outcome

@@ -15,8 +15,7 @@ from typing import ClassVar
 
 import torch
 
-from tileops import Kernel
-from tileops.call import CallSpec
+from tileops import CallSpec, Kernel
 from tileops.kernel import Build
 from tileops.ops import (
     LayerNormFwdOp,

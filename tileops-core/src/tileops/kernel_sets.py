@@ -15,7 +15,7 @@ from .provenance import Source, source_of_module
 from .selection import Candidate, find_cycle
 
 if TYPE_CHECKING:
-    from .backend.registry import Registration
+    from .registry import Registration
 
 
 def candidates_of(

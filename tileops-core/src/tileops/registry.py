@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from ..errors import BackendError, OpDefinitionError, UnknownOpError
-from ..provenance import Source
+from .errors import BackendError, OpDefinitionError, UnknownOpError
+from .provenance import Source
 
 BUILTIN = "builtin"
 """Target name that forces an op's own implementations even where a target claims the device."""

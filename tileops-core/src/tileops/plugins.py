@@ -22,8 +22,8 @@ from typing import Any
 import pluggy
 from importlib_metadata import EntryPoint, entry_points
 
-from ..errors import BackendError
-from ..provenance import Source, loading_source, remember_entry_point
+from .errors import BackendError
+from .provenance import Source, loading_source, remember_entry_point
 from .registry import REGISTRY
 
 GROUP = "tileops.backends"
@@ -186,7 +186,7 @@ class BackendLoader:
     def _check_operator_rules(self) -> None:
         """Read TILEOPS_DENY / _PIN / _PREFER once every backend is in, and report entries that
         cannot parse or name nothing installed, as unknown backend names are reported."""
-        from ..control import RULES
+        from .control import RULES
 
         problems = RULES.load_environment()
         keys = lambda op: set(op.kernel_types) | set(REGISTRY.kernel_types(op))  # noqa: E731
