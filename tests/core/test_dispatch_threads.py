@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from dispatch_kit import INTERFACE, call, kernel, make_op
 
-import tileops.control
 import tileops.device
+import tileops.scope
 import tileops.table
 from tileops.plugins import LOADER
 from tileops.registry import REGISTRY
@@ -73,7 +73,7 @@ def _hits_while_locks_are_held(op_cls, op, spec, worker_context, entry) -> None:
         *op_cls._entry_locks.values(),
         tileops.table._table_lock,
         tileops.device._lock,
-        tileops.control.SCOPES.lock,
+        tileops.scope.SCOPES.lock,
         REGISTRY.lock,
         LOADER._lock,
     ]

@@ -4,7 +4,7 @@ Facts are read from the call's own device index, never the current device, and o
 dispatch miss. `simulating` lets tests and `explain` pretend a device exists: in the current
 thread or asyncio task only (a context variable), so a simulation never shows another thread a
 board it does not have, nor ends another thread's simulation. What dispatch selected under a
-simulation is kept apart from the process-wide selections (see control.ScopedHits) and dropped
+simulation is kept apart from the process-wide selections (see scope.ScopedHits) and dropped
 when the simulation ends.
 """
 
@@ -107,7 +107,7 @@ def _read(slot: Slot) -> DeviceFacts:
 def simulating(simulation: Simulation) -> Iterator[Simulation]:
     """Inside the block, in this context only, `simulation` stands in for its device's facts
     (shadowing an outer simulation of the same device, which returns on exit)."""
-    from .control import SCOPES  # control reads this module's context; it loads first
+    from .scope import SCOPES  # scope reads this module's context; it loads first
 
     spellings = dict.fromkeys(_spellings(simulation.device), simulation)
     token = SIMULATED.set({**SIMULATED.get(), **spellings})

@@ -16,7 +16,6 @@ import torch
 from . import library
 from .autocast import agreeing, autocast_policy
 from .callspec import CallSpec, check_fields
-from .control import SCOPES, current_variant
 from .errors import (
     AmbiguousTargetError,
     BackendError,
@@ -30,6 +29,7 @@ from .kernel import Kernel, KernelInterface
 from .plugins import LOADER, failure_note
 from .registry import BUILTIN, REGISTRY
 from .samples import Case
+from .scope import SCOPES, current_variant
 from .signature import BoundCall, ShapePlan, Signature, TensorSpec
 from .table import HIT_LIMIT, KernelTable, remember, table_for
 
@@ -69,7 +69,7 @@ class Op:
         LOADER.ensure_loaded()
         self.target = target
         self._table: KernelTable = table_for(type(self))
-        SCOPES.attach(self)  # sets _hits: the cache a hit reads (see control.Scopes)
+        SCOPES.attach(self)  # sets _hits: the cache a hit reads (see scope.Scopes)
         self._settled: str | None = None
         self._settle_lock = threading.Lock()
         self._target_kernels: dict[tuple, Callable[..., Any]] = {}

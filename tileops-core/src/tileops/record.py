@@ -2,7 +2,7 @@
 by op, interface, call spec, key and distribution; `r.summary()` prints a table per op.
 
 While no record (or pin) is active anywhere, op instances read their plain hit cache, so the
-hit path costs what it costs without this module (see control.Scopes).
+hit path costs what it costs without this module (see scope.Scopes).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def _short(call: CallSpec) -> str:
 @contextlib.contextmanager
 def record() -> Iterator[Record]:
     """Count every op call inside the block (in this thread or task)."""
-    from .control import SCOPES
+    from .scope import SCOPES
 
     collected = Record()
     with SCOPES.enter(records=(collected,)):
@@ -85,7 +85,7 @@ def record() -> Iterator[Record]:
 
 def record_call(table: KernelTable, interface: str, call: CallSpec, key: str | None) -> None:
     """Count one call in the records of the current context, if any."""
-    from .control import _scope
+    from .scope import _scope
 
     scope = _scope.get()
     if scope is None or not scope.records or key is None:

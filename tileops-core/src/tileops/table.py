@@ -20,7 +20,7 @@ import torch
 
 from . import observe
 from .callspec import CallSpec, check_fields
-from .control import RULES, Scope, Variant, current_pin, current_variant, strict
+from .control import RULES, strict
 from .device import SIMULATED, Simulation, on_simulation_end
 from .errors import BackendError, KernelDeclarationError, NoImplementationError, add_note
 from .explanation import Explanation
@@ -28,6 +28,7 @@ from .kernel_sets import candidates_of
 from .plugins import distributions_serving, failure_note
 from .record import record_call
 from .registry import REGISTRY
+from .scope import Scope, Variant, current_pin, current_variant
 from .selection import REFUSED, Candidate, Judgement, Policy, find_cycle, judge, outranking
 
 if TYPE_CHECKING:
