@@ -69,8 +69,8 @@ def test_hits_take_no_lock(simulated):
 
 def _hits_while_locks_are_held(op_cls, op, spec, worker_context, entry) -> None:
     locks = [
-        op_cls._entries_lock,
-        *op_cls._entry_locks.values(),
+        tileops.table.shared_entries(op_cls).lock,
+        *tileops.table.shared_entries(op_cls).locks.values(),
         tileops.table._table_lock,
         tileops.device._lock,
         tileops.scope.SCOPES.lock,

@@ -25,7 +25,11 @@ from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import observe
 from .errors import ControlError
+from .plugins import LOADER, LoadFailure
+from .provenance import caller_source
+from .registry import REGISTRY
 from .scope import SCOPES
 
 if TYPE_CHECKING:
@@ -83,8 +87,6 @@ class Rules:
         """The rules in force on each interface of `op_cls`, whose keys per interface are
         `keys`. A pin naming no interface applies where its key implements the interface;
         pins that conflict on one interface leave it unpinned (`unmatched` reports them)."""
-        from .registry import REGISTRY
-
         found = {name: InterfaceRules() for name in op_cls.interfaces}
         for rule in [*self.rules, *REGISTRY.rules()]:
             if not _names(op_cls, rule.op) or rule.origin.startswith(PIN):
@@ -177,8 +179,6 @@ def _unmatched_on(rule: Rule, op_cls: type, installed: Collection[str]) -> str |
 
 def _keys_on(op_cls: type, interface: str) -> set[str]:
     """The installed keys of `op_cls` whose classes implement its `interface`."""
-    from .registry import REGISTRY
-
     classes = {**op_cls.kernel_types}
     classes.update({key: r.cls for key, r in REGISTRY.kernel_types(op_cls).items()})
     wanted = op_cls.interfaces[interface]
@@ -217,9 +217,6 @@ def prefer(op: type | str, interface: str, winner: str, loser: str) -> None:
                 f"tileops.prefer: {op_cls.op_name} has no kernel {key!r}; it has "
                 f"{', '.join(sorted(keys))}"
             )
-    from .provenance import caller_source
-    from .registry import REGISTRY
-
     rule = Rule("tileops.prefer()", op_cls.op_name, interface, (winner, loser), caller_source())
     # Kept in the registry: a transaction (isolated_registry) undoes it like a registration.
     REGISTRY.add(("rule", rule), rule, lambda existing: ControlError(f"{rule} is set already"))
@@ -241,9 +238,6 @@ def pinned(op: type | str, interface: str, key: str) -> Iterator[None]:
 
 
 def _check_target(op: type | str, interface: str, api: str) -> type:
-    from .plugins import LOADER
-    from .registry import REGISTRY
-
     LOADER.ensure_loaded()
     op_cls = REGISTRY.op_class(op)
     if interface not in op_cls.interfaces:
@@ -255,8 +249,6 @@ def _check_target(op: type | str, interface: str, api: str) -> type:
 
 
 def _installed_keys(op_cls: type) -> set[str]:
-    from .registry import REGISTRY
-
     return set(op_cls.kernel_types) | set(REGISTRY.kernel_types(op_cls))
 
 
@@ -291,8 +283,6 @@ def _setting_problems() -> list[tuple[str, str]]:
             env_flag(variable)
         except ControlError as exc:
             problems.append((variable, str(exc)))
-    from . import observe
-
     known = ", ".join(observe.LOGGERS)
     for name in observe.unknown_log_names():
         problem = f"{observe.LOG_VARIABLE} names {name!r}, which is no tileops log; use one of: "
@@ -303,3 +293,18 @@ def _setting_problems() -> list[tuple[str, str]]:
 def strict() -> bool:
     """Whether TILEOPS_STRICT is on (read on the fallback path only, so tests can set it)."""
     return env_flag(STRICT)
+
+
+def _check_operator_settings() -> list[LoadFailure]:
+    """Read TILEOPS_DENY / _PIN / _PREFER once every backend is in, and report entries that
+    cannot parse or name nothing installed, as unknown backend names are reported (the loader
+    calls it once the backends are loaded)."""
+    problems = RULES.load_environment()
+    keys = lambda op: set(op.kernel_types) | set(REGISTRY.kernel_types(op))  # noqa: E731
+    problems += [(p.split(" ", 1)[0], p) for p in RULES.unmatched(REGISTRY.known_ops, keys)]
+    if RULES.rules:
+        REGISTRY.bump()  # tables built before the rules were read must not stand
+    return [LoadFailure(origin, "operator setting", problem) for origin, problem in problems]
+
+
+LOADER.on_loaded(_check_operator_settings)

@@ -12,7 +12,6 @@ from typing import Any, ClassVar
 
 import torch
 
-from . import library
 from .autocast import agreeing, autocast_policy
 from .callspec import CallSpec, check_fields
 from .errors import BackendError, OpInputError, add_note
@@ -44,17 +43,15 @@ class Op:
     signature: Signature | None = None  # None: called straight through to forward
     op_name: ClassVar[str]
     _checks: ClassVar[bool] = False
-
-    _entries: ClassVar[dict[tuple, Any]]
-    _entries_lock: ClassVar[threading.Lock]
-    _entry_locks: ClassVar[dict[tuple, threading.Lock]]
+    _through_operator: ClassVar[Callable[..., Any]]
+    """`op._through_operator(tensors)` calls the op through its torch.library operator (what
+    tracing, autocast and autograd see); library.py installs it."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.op_name = f"{cls.__dict__.get('namespace', cls.__module__)}::{cls.__qualname__}"
         cls._checks = cls.check is not Op.check  # most ops add no checks: skip the call
         REGISTRY.add_op(cls)
-        cls._entries, cls._entry_locks, cls._entries_lock = {}, {}, threading.Lock()
 
     def __init__(self, *, target: str | None = None) -> None:
         if target is not None and not isinstance(target, str):
@@ -62,11 +59,16 @@ class Op:
         LOADER.ensure_loaded()
         self.target = target
         self._table: KernelTable = table_for(type(self))
-        SCOPES.attach(self)  # sets _hits: the cache a hit reads (see scope.Scopes)
+        SCOPES.attach(self)  # points _hits, the cache a hit reads (see scope.Scopes)
         self._settled: str | None = None
         self._settle_lock = threading.Lock()
         self._target_kernels: dict[tuple, Callable[..., Any]] = {}
         self._target_lock = threading.Lock()
+
+    def _point_hits(self, scoped: bool) -> None:
+        """Read hits from the table's plain cache, or, while some pin, record or simulation is
+        active anywhere, from a reader consulting the caller's context (scope.Scopes calls it)."""
+        self._hits = self._table.hits_for(scoped)
 
     # -- the op's own kernels ----------------------------------------------------------------
     def kernel_for(self, interface: str, call: CallSpec) -> Callable[..., Any]:
@@ -158,11 +160,11 @@ class Op:
         # and autograd go through it; others run eagerly as they are.
         if torch.compiler.is_compiling() and self.signature.param_types is not None:
             tensors = self.signature.parse(type(self).op_name, args, kwargs)
-            return library.call_operator(self, tensors)  # Dynamo sees one node, never our locks
+            return self._through_operator(tensors)  # Dynamo sees one node, never our locks
         if _is_any_autocast_enabled() and self.signature.param_types is not None:
             tensors = self.signature.parse(type(self).op_name, args, kwargs)
             self.check_uncast(tensors)  # before autocast probes or casts anything
-            return library.call_operator(self, tensors)
+            return self._through_operator(tensors)
         plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
         call = self.signature.bind(type(self).op_name, args, kwargs, plan)
         if (
@@ -170,7 +172,7 @@ class Op:
             and torch.is_grad_enabled()
             and self.signature.param_types is not None
         ):
-            return library.call_operator(self, call.tensors)
+            return self._through_operator(call.tensors)
         if self._settled is BUILTIN and not self._checks and not call.written_empty:
             return self.forward(*call.tensors)  # the common case, one call shorter
         return self._execute(call)

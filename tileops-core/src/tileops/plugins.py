@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +97,7 @@ class BackendLoader:
         self._loader_thread: int | None = None
         self._attempted: set[str] = set()
         self._direct: dict[str, tuple[EntryPoint, Source]] = {}  # imports still in progress
+        self._on_loaded: list[Callable[[], Iterable[LoadFailure]]] = []
 
     def ensure_loaded(self, *, wait: bool = True) -> None:
         """Load every backend once. `wait=False` (registrations) never blocks on a load that
@@ -113,7 +115,7 @@ class BackendLoader:
                 if not self._loaded:
                     self._load_all()
                     self._loaded = True
-                    self._check_operator_rules()
+                    self._run_loaded_checks()
                 self._settle_direct_imports()
             finally:
                 self._loader_thread = None
@@ -183,18 +185,15 @@ class BackendLoader:
         finally:
             loading_source.reset(token)
 
-    def _check_operator_rules(self) -> None:
-        """Read TILEOPS_DENY / _PIN / _PREFER once every backend is in, and report entries that
-        cannot parse or name nothing installed, as unknown backend names are reported."""
-        from .control import RULES
+    def on_loaded(self, check: Callable[[], Iterable[LoadFailure]]) -> None:
+        """Call `check()` once every backend is loaded (for settings that name what backends
+        install: the operator rules); each failure it returns is recorded as a load failure."""
+        self._on_loaded.append(check)
 
-        problems = RULES.load_environment()
-        keys = lambda op: set(op.kernel_types) | set(REGISTRY.kernel_types(op))  # noqa: E731
-        problems += [(p.split(" ", 1)[0], p) for p in RULES.unmatched(REGISTRY.known_ops, keys)]
-        for origin, problem in problems:
-            self._fail(origin, "operator setting", problem)
-        if RULES.rules:
-            REGISTRY.bump()  # tables built before the rules were read must not stand
+    def _run_loaded_checks(self) -> None:
+        for check in self._on_loaded:
+            for failure in check():
+                self._fail(failure.entry_point, failure.distribution, failure.error)
 
     def _settle_direct_imports(self) -> None:
         """Finish the backends a user imported before tileops loaded them: once their import

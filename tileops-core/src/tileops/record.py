@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .callspec import CallSpec
+from .scope import SCOPE, SCOPES
 
 if TYPE_CHECKING:
     from .table import KernelTable
@@ -76,8 +77,6 @@ def _short(call: CallSpec) -> str:
 @contextlib.contextmanager
 def record() -> Iterator[Record]:
     """Count every op call inside the block (in this thread or task)."""
-    from .scope import SCOPES
-
     collected = Record()
     with SCOPES.enter(records=(collected,)):
         yield collected
@@ -85,9 +84,7 @@ def record() -> Iterator[Record]:
 
 def record_call(table: KernelTable, interface: str, call: CallSpec, key: str | None) -> None:
     """Count one call in the records of the current context, if any."""
-    from .scope import _scope
-
-    scope = _scope.get()
+    scope = SCOPE.get()
     if scope is None or not scope.records or key is None:
         return
     fields = (table.op, interface, call, key, table.sources[interface][key])

@@ -14,14 +14,11 @@ import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
-from .device import NO_SIMULATIONS, SIMULATED
-
-if TYPE_CHECKING:
-    from .op import Op
+from .device import SIMULATED, on_simulation_end, on_simulation_start
 
 
 @dataclass(frozen=True)
@@ -32,24 +29,8 @@ class Scope:
     records: tuple[Any, ...]
 
 
-_scope: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("tileops_scope", default=None)
-
-
-class ScopedHits:
-    """Stands in for an op's hit cache while some pin, record or device simulation is active in
-    the process: a hit then consults the current context's (and the plain cache when it has
-    none of them)."""
-
-    def __init__(self, op: Op) -> None:
-        self.op = op
-
-    def get(self, key: tuple) -> Any:
-        table = self.op._table
-        det = torch._C._get_deterministic_algorithms()
-        scope, simulations = _scope.get(), SIMULATED.get()
-        if scope is None and simulations is NO_SIMULATIONS:
-            return table.modes[det][0].get(key)
-        return table.scoped_hit(key, scope, simulations, det)
+SCOPE: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("tileops_scope", default=None)
+"""The scope of the current thread or task; None (the usual case) when no block asks anything."""
 
 
 Variant = tuple[Any, Any]
@@ -68,72 +49,82 @@ def variant(
 
 def current_variant(op_cls: type, interface: str, call: Any) -> Variant | None:
     """`variant` in the current thread or task."""
-    return variant(op_cls, interface, call, _scope.get(), SIMULATED.get())
+    return variant(op_cls, interface, call, SCOPE.get(), SIMULATED.get())
+
+
+def current_pin(op_cls: type, interface: str) -> str | None:
+    """The key a `pinned` block of the current context pins on `op_cls`'s `interface`."""
+    scope = SCOPE.get()
+    return None if scope is None else scope.pins.get((op_cls, interface))
+
+
+class HitReader(Protocol):
+    """What `Scopes` switches: an object (an op) whose hits read either its plain cache or,
+    while some scope is active anywhere, a reader that consults the caller's context."""
+
+    def _point_hits(self, scoped: bool) -> None: ...
 
 
 class Scopes:
     """Decides which cache each live op's hits read, so that a hit is one plain dict lookup
-    while no pin, record or simulation is active anywhere: the cache of the current determinism
-    mode, or, while some is active, a `ScopedHits` that consults the caller's context.
+    while no pin, record or simulation is active anywhere: the op's plain cache of the current
+    determinism mode, or, while some is active, one that consults the caller's context.
 
     Switching happens on the first and last scope, and when torch's determinism flag changes
-    through `torch.use_deterministic_algorithms` (watched: torch offers no callback)."""
+    through `torch.use_deterministic_algorithms` (watched: torch offers no callback). The
+    readers point their hits themselves (`_point_hits`): the caches are theirs."""
 
     def __init__(self) -> None:
         self.active = 0
         self.lock = threading.Lock()
-        self.ops: weakref.WeakSet[Op] = weakref.WeakSet()
+        self.readers: weakref.WeakSet[HitReader] = weakref.WeakSet()
 
-    def attach(self, op: Op) -> None:
-        """Give `op` the caches matching the current state (called at construction)."""
+    def attach(self, reader: HitReader) -> None:
+        """Point `reader`'s hits for the current state now and on every switch (called at its
+        construction)."""
         with self.lock:
-            self.ops.add(op)
-            self._set(op)
+            self.readers.add(reader)
+            reader._point_hits(self.active > 0)
 
     @contextlib.contextmanager
     def enter(self, **changes: Any) -> Iterator[Scope]:
-        outer = _scope.get() or Scope({}, ())
+        outer = SCOPE.get() or Scope({}, ())
         scope = Scope(
             {**outer.pins, **changes.get("pins", {})}, outer.records + changes.get("records", ())
         )
-        token = _scope.set(scope)
+        token = SCOPE.set(scope)
         try:
             with self.counted():
                 yield scope
         finally:
-            _scope.reset(token)
+            SCOPE.reset(token)
 
     @contextlib.contextmanager
     def counted(self) -> Iterator[None]:
-        """While inside, every op's hits consult their context: some context (the caller's)
-        asks something of dispatch (a pin, a record, a device simulation)."""
-        self._count(+1)
+        """While inside, every op's hits consult their context."""
+        self.count(+1)
         try:
             yield
         finally:
-            self._count(-1)
+            self.count(-1)
 
-    def _count(self, delta: int) -> None:
+    def count(self, delta: int) -> None:
+        """Some context starts (+1) or stops (-1) asking something of dispatch (a pin, a
+        record, a device simulation); the first and the last switch every reader."""
         with self.lock:
             before = self.active
             self.active += delta
             if (before == 0) != (self.active == 0):
-                self._set_all()
+                self._point_all()
 
     def refresh(self) -> None:
-        """Point every live op at the caches of the current state (the determinism flag)."""
+        """Point every live reader at the caches of the current state (the determinism flag)."""
         with self.lock:
-            self._set_all()
+            self._point_all()
 
-    def _set_all(self) -> None:
-        for op in list(self.ops):
-            self._set(op)
-
-    def _set(self, op: Op) -> None:
-        if self.active:
-            op._hits = ScopedHits(op)
-        else:
-            op._hits = op._table.modes[torch._C._get_deterministic_algorithms()][0]
+    def _point_all(self) -> None:
+        for reader in list(self.readers):
+            reader._point_hits(self.active > 0)
 
 
 SCOPES = Scopes()
@@ -156,8 +147,5 @@ def _watch_determinism() -> None:
 
 
 _watch_determinism()
-
-
-def current_pin(op_cls: type, interface: str) -> str | None:
-    scope = _scope.get()
-    return None if scope is None else scope.pins.get((op_cls, interface))
+on_simulation_start(lambda simulation: SCOPES.count(+1))
+on_simulation_end(lambda simulation: SCOPES.count(-1))

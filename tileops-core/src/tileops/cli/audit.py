@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> Outcome:
         audit_op(op_cls, targets, audit)
     selected = {op_cls.op_name for op_cls in op_classes}
     audit_claims(targets, selected, audit)
-    audit.notes += [str(h) for h in hints.installed_hints() if h.op in selected]
+    audit.notes += [str(h) for h in hints.installed_hints(table_for) if h.op in selected]
     return Outcome(render(audit, len(op_classes), targets), 1 if audit.findings else 0)
 
 

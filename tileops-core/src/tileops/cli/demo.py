@@ -10,6 +10,7 @@ call on a simulated H200, to show the GPU kernels that would compete for it.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import statistics
 import time
 from collections.abc import Callable
@@ -17,9 +18,8 @@ from typing import Any
 
 import torch
 
-import tileops
-
 from .. import backend
+from ..errors import TileOpsError
 from ..op import Op
 from ..registry import BUILTIN, REGISTRY
 from . import devices, explain_command, probe
@@ -54,8 +54,9 @@ def run(args: argparse.Namespace) -> Outcome:
     device = explain_command.parse_device(args.device or best_device())
     check_runnable(device)
     backends = ", ".join(f"{b.distribution} {b.version}" for b in backend.backends()) or "none"
+    version = importlib.metadata.version("tileops-core")
     head = [
-        f"tileops {tileops.__version__} on {_device_name(device)}; torch {torch.__version__}",
+        f"tileops {version} on {_device_name(device)}; torch {torch.__version__}",
         f"backends: {backends}",
         "",
     ]
@@ -100,7 +101,7 @@ def row(
         served = _served_by(op, inputs, device)
         error = (got.double().cpu() - expected).abs().max().item()
         seconds = _median_time(lambda: op(*_fresh(inputs)), device)
-    except tileops.TileOpsError as exc:
+    except TileOpsError as exc:
         return [*label, f"not served: {type(exc).__name__}", "-", "-"]
     return [*label, served, f"{error:.1e}", _duration(seconds)]
 

@@ -149,4 +149,4 @@ def claim_problems() -> list[Problem]:
 
 def hint_problems() -> list[Problem]:
     remedy = "fix the declaration on the kernel class (its backend's maintainers can)"
-    return [Problem(False, str(hint), remedy) for hint in hints.installed_hints()]
+    return [Problem(False, str(hint), remedy) for hint in hints.installed_hints(table_for)]

@@ -24,6 +24,7 @@ from ..explanation import Explanation
 from ..op import Op
 from ..registry import BUILTIN, REGISTRY
 from ..table import table_for
+from ..targets import choose_target
 from . import devices, probe
 from .output import Outcome
 
@@ -198,7 +199,7 @@ def by_fields(op_cls: type[Op], args: argparse.Namespace, device: torch.device) 
 def settle(op: Op, device: torch.device) -> TargetVerdict:
     """The target `op` would settle on for a call on `device`, and whether it serves the call."""
     try:
-        name = op._choose_target(device)
+        name = choose_target(op, device)
     except TileOpsError as exc:
         return TargetVerdict(None, f"{type(exc).__name__}: {exc}", False)
     why = _why(op, name, device)
