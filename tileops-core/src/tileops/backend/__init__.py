@@ -9,8 +9,11 @@ from typing import Any
 import torch
 
 from ..callspec import CallSpec
+from ..control import env_flag
 from ..errors import AmbiguousTargetError, BackendError, UnknownTargetError
+from ..kernel import Build
 from ..kernel_sets import check_registration
+from ..ops.norm.rms_norm import DEFAULT_EPS as RMS_NORM_DEFAULT_EPS
 from ..plugins import LOADER, PROTOCOL_VERSION, BackendInfo, LoadFailure, failure_note, hookimpl
 from ..provenance import caller_source
 from ..registry import BUILTIN, REGISTRY, Builder, Detector, Registration
@@ -20,14 +23,17 @@ from ..signature import TensorSpec
 __all__ = [
     "BUILTIN",
     "PROTOCOL_VERSION",
+    "RMS_NORM_DEFAULT_EPS",
     "AmbiguousTargetError",
     "BackendError",
     "BackendInfo",
+    "Build",
     "LoadFailure",
     "TensorSpec",
     "UnknownTargetError",
     "backends",
     "default_target",
+    "env_flag",
     "hookimpl",
     "key_serves",
     "load_failures",

@@ -16,7 +16,7 @@ from typing import ClassVar
 import torch
 
 from tileops import CallSpec, Kernel
-from tileops.kernel import Build
+from tileops.backend import Build
 from tileops.ops import (
     LayerNormFwdOp,
     LayerNormInterface,
