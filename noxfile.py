@@ -20,7 +20,9 @@ nox.options.default_venv_backend = "uv|virtualenv"
 
 TORCH = "torch==2.13.0"
 DISTRIBUTIONS = ["./tileops-core", "./tileops-cuda", "./tileops-triton-backend"]
-TEST_TOOLS = ["pytest>=8", "hypothesis>=6", "setuptools>=61", "wheel"]
+TEST_TOOLS = ["pytest>=8", "hypothesis>=6", "setuptools>=61", "wheel", "import-linter>=2.1"]
+SOURCES = [f"{d}/src" for d in DISTRIBUTIONS] + ["./examples/acme-backend/src"]
+"""Where lint-imports finds the packages it checks (it reads them, it imports nothing)."""
 
 
 def _install_project(session: nox.Session, *extra: str) -> None:
@@ -60,6 +62,7 @@ def tests(session: nox.Session) -> None:
     Triton kernels under the interpreter and compiled for sm_90; then the example backend's
     own tests."""
     _install_project(session, *TEST_TOOLS)
+    _lint_imports(session)
     pytest = ("pytest", "-q", "-p", "no:cacheprovider")
     session.run(*pytest, "tests", "--ignore=tests/triton", *session.posargs)
     # Under TRITON_INTERPRET=1 the Triton backend also serves CPU tensors: its own process.
@@ -103,6 +106,12 @@ def wheels(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
+    session.install("ruff", "import-linter>=2.1")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    _lint_imports(session)
+
+
+def _lint_imports(session: nox.Session) -> None:
+    """The import contracts of pyproject.toml: the core's layers, no cycles, backends apart."""
+    session.run("lint-imports", env={"PYTHONPATH": os.pathsep.join(SOURCES)})
