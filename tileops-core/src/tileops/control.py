@@ -29,7 +29,7 @@ from . import observe
 from .errors import ControlError
 from .plugins import LOADER, LoadFailure
 from .provenance import caller_source
-from .registry import REGISTRY
+from .registry import REGISTRY, RegistrationHandle
 from .scope import SCOPES
 
 if TYPE_CHECKING:
@@ -205,21 +205,27 @@ def _parse(origin: str, entry: str, pair: bool) -> Rule | str:
 RULES = Rules()
 
 
-def prefer(op: type | str, interface: str, winner: str, loser: str) -> None:
+def prefer(op: type | str, interface: str, winner: str, loser: str) -> RegistrationHandle:
     """Make `winner` preferred over `loser` on `op`'s `interface`: the operator settles an
     ambiguity between two backends that cannot know each other's keys. Reaches op instances
-    constructed afterwards; a cycle with the declared preferences is refused then."""
+    constructed afterwards; a cycle with the declared preferences is refused then. The handle
+    returned withdraws the preference (`.remove()`, or the end of a `with` block)."""
     op_cls = _check_target(op, interface, "prefer")
     keys = _installed_keys(op_cls)
     for key in (winner, loser):
         if key not in keys:
             raise ControlError(
                 f"tileops.prefer: {op_cls.op_name} has no kernel {key!r}; it has "
-                f"{', '.join(sorted(keys))}"
+                f"{', '.join(sorted(keys))}",
+                op=op_cls.op_name,
+                interface=interface,
+                key=key,
             )
     rule = Rule("tileops.prefer()", op_cls.op_name, interface, (winner, loser), caller_source())
     # Kept in the registry: a transaction (isolated_registry) undoes it like a registration.
-    REGISTRY.add(("rule", rule), rule, lambda existing: ControlError(f"{rule} is set already"))
+    return REGISTRY.add(
+        ("rule", rule), rule, lambda existing: ControlError(f"{rule} is set already")
+    )
 
 
 @contextlib.contextmanager
@@ -231,7 +237,10 @@ def pinned(op: type | str, interface: str, key: str) -> Iterator[None]:
     if key not in _installed_keys(op_cls):
         raise ControlError(
             f"tileops.pinned: {op_cls.op_name} has no kernel {key!r}; it has "
-            f"{', '.join(sorted(_installed_keys(op_cls)))}"
+            f"{', '.join(sorted(_installed_keys(op_cls)))}",
+            op=op_cls.op_name,
+            interface=interface,
+            key=key,
         )
     with SCOPES.enter(pins={(op_cls, interface): key}):
         yield
@@ -243,7 +252,9 @@ def _check_target(op: type | str, interface: str, api: str) -> type:
     if interface not in op_cls.interfaces:
         raise ControlError(
             f"tileops.{api}: {op_cls.op_name} has no interface {interface!r}; it has "
-            f"{', '.join(op_cls.interfaces)}"
+            f"{', '.join(op_cls.interfaces)}",
+            op=op_cls.op_name,
+            interface=interface,
         )
     return op_cls
 

@@ -137,7 +137,8 @@ class Op:
         return BackendError(
             f"Output of {self._table.serving(interface, call)} is wrong: it returned {got}, but "
             f"the interface's layout contract expects {expected}. Fix the kernel, or refuse such "
-            "calls in its refusal()."
+            "calls in its refusal().",
+            **self._table.serving_fields(interface, call),
         )
 
     def explain(self, interface: str, call: CallSpec) -> Explanation:

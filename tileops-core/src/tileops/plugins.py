@@ -25,7 +25,7 @@ from importlib_metadata import EntryPoint, entry_points
 
 from .errors import BackendError
 from .provenance import Source, loading_source, remember_entry_point
-from .registry import REGISTRY
+from .registry import REGISTRY, describe_slot
 
 GROUP = "tileops.backends"
 PROTOCOL_VERSION = 1
@@ -216,8 +216,9 @@ class BackendLoader:
         def refusal(slot: tuple) -> BackendError:
             refused = BackendError(
                 f"{source} failed to load ({error}); its later registration of "
-                f"{_describe_slot(slot)} is refused: a backend that failed leaves nothing "
-                "behind, also from its threads"
+                f"{describe_slot(slot)} is refused: a backend that failed leaves nothing "
+                "behind, also from its threads",
+                source=source,
             )
             self._fail(ep.name, source.distribution, f"BackendError: {refused}")
             return refused
@@ -271,29 +272,17 @@ def _enter(ep: EntryPoint) -> Any:
     return sys.modules[ep.module]
 
 
-def _describe_slot(slot: tuple) -> str:
-    kind = slot[0]
-    if kind == "kernel":
-        return f"kernel key {slot[2]!r} of {slot[1].op_name}"
-    if kind == "detector":
-        return f"the detector of target {slot[1]!r}"
-    if kind == "builder":
-        return f"the builder of target {slot[2]!r} for {slot[1].op_name}"
-    if kind == "rule":
-        return f"the rule {slot[1]}"
-    return "the default target"
-
-
 def _check_protocol(module: Any, source: Source) -> int | None:
     declared = getattr(module, "TILEOPS_PROTOCOL", None)
     if declared is None or declared == PROTOCOL_VERSION:
         return declared
     if not isinstance(declared, int):
-        raise BackendError(f"TILEOPS_PROTOCOL must be an int, got {declared!r}")
+        raise BackendError(f"TILEOPS_PROTOCOL must be an int, got {declared!r}", source=source)
     upgrade = "tileops-core" if declared > PROTOCOL_VERSION else source.distribution
     raise BackendError(
         f"{source.distribution} was written for tileops backend protocol {declared}, but this "
-        f"tileops-core speaks protocol {PROTOCOL_VERSION}; upgrade {upgrade}"
+        f"tileops-core speaks protocol {PROTOCOL_VERSION}; upgrade {upgrade}",
+        source=source,
     )
 
 

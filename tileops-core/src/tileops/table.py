@@ -98,7 +98,9 @@ class KernelTable:
             origins = sorted({edges[e] for e in zip(cycle, cycle[1:], strict=False) if e in edges})
             raise KernelDeclarationError(
                 f"{self.op}.{interface}: the operator's preferences ({', '.join(origins)}) and "
-                f"the kernels' preferred_over form a cycle: {' -> '.join(cycle)}; drop one"
+                f"the kernels' preferred_over form a cycle: {' -> '.join(cycle)}; drop one",
+                op=self.op,
+                interface=interface,
             )
         return outranking(cands, edges)
 
@@ -185,7 +187,15 @@ class KernelTable:
             f"{call!r}; the specialised kernels refused it: {reasons}"
         )
         if strict():
-            raise NoImplementationError(f"TILEOPS_STRICT is on: {message}")
+            raise NoImplementationError(
+                f"TILEOPS_STRICT is on: {message}",
+                op=self.op,
+                interface=judgement.interface,
+                call=call,
+                key=winner.key,
+                source=winner.source,
+                verdicts=judgement.verdicts,
+            )
         # A simulation's fallbacks are its own: they must not silence the real device's.
         seen = (judgement.interface, call, SIMULATED.get().get(call.device))
         if seen not in self.fallbacks_seen:
@@ -197,6 +207,12 @@ class KernelTable:
         winner = self.judge(interface, call).winner
         key = f"kernel {winner.key!r} [{winner.source}]" if winner else "no kernel"
         return f"{key} serving {self.op}.{interface} for {call!r}"
+
+    def serving_fields(self, interface: str, call: CallSpec) -> dict[str, Any]:
+        """The error fields naming the kernel that serves `call` (see errors.TileOpsError)."""
+        winner = self.judge(interface, call).winner
+        key, source = (winner.key, winner.source) if winner else (None, None)
+        return {"op": self.op, "interface": interface, "call": call, "key": key, "source": source}
 
     def explain(self, interface: str, call: CallSpec) -> Explanation:
         judgement = self.judge(interface, call, pin=current_pin(self.op_cls, interface))
@@ -285,7 +301,12 @@ class SharedEntries:
         except TypeError as exc:
             raise BackendError(
                 f"{op}: kernel {winner.key!r} [{winner.source}] returned an unhashable "
-                f"build identity {identity!r} from entry_for(); use a tuple of hashable values"
+                f"build identity {identity!r} from entry_for(); use a tuple of hashable values",
+                op=op,
+                interface=interface,
+                call=call,
+                key=winner.key,
+                source=winner.source,
             ) from exc
         if entry is not None:
             return entry

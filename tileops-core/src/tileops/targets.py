@@ -46,7 +46,9 @@ def choose_target(op: Op, device: torch.device) -> str:
             raise UnknownTargetError(
                 f"{type(op).op_name}: unknown target {name!r}; known targets: "
                 f"{', '.join(known) or 'none'} (and {BUILTIN!r} for the op's own kernels). "
-                f"{failure_note()}".rstrip()
+                f"{failure_note()}".rstrip(),
+                op=type(op).op_name,
+                target=name,
             )
         return name
     claims = [d for t, d in sorted(REGISTRY.detectors.items()) if d.claims(device)]
@@ -54,7 +56,8 @@ def choose_target(op: Op, device: torch.device) -> str:
         raise AmbiguousTargetError(
             f"{type(op).op_name}: several targets claim {device}: "
             + ", ".join(f"{d.target!r} ({d.source})" for d in claims)
-            + "; pass target= to the op or call tileops.backend.set_default_target()"
+            + "; pass target= to the op or call tileops.backend.set_default_target()",
+            op=type(op).op_name,
         )
     return claims[0].target if claims else BUILTIN
 
@@ -84,8 +87,9 @@ def run_target(op: Op, target: str, call: BoundCall) -> Any:
     if returned is None and names_outputs:  # it wrote the buffers it takes by name
         return result_of(outputs)
     where = f"the kernel of target {target!r} [{builder.source}] for {name}"
+    fields = {"op": name, "target": target, "source": builder.source}
     named_inputs = dict(zip(op.signature.names, inputs, strict=True))
-    return result_of(_returned_outputs(where, returned, outputs, named_inputs))
+    return result_of(_returned_outputs(where, fields, returned, outputs, named_inputs))
 
 
 def _build_kernel(
@@ -132,18 +136,24 @@ def _names_every_output(kernel: Callable[..., Any], names: list[str]) -> bool:
 
 
 def _returned_outputs(
-    where: str, returned: Any, buffers: dict[str, torch.Tensor], inputs: dict[str, Any]
+    where: str,
+    fields: dict[str, Any],
+    returned: Any,
+    buffers: dict[str, torch.Tensor],
+    inputs: dict[str, Any],
 ) -> dict[str, torch.Tensor]:
     """The outputs a target kernel returned, in place of the buffers it was handed: a tensor
     (a tuple of them, in signature order, for several outputs), each of its buffer's shape,
-    dtype and device, contiguous, and sharing no memory with an input."""
+    dtype and device, contiguous, and sharing no memory with an input. `where` names the
+    kernel in messages, `fields` in the errors' fields."""
     names = list(buffers)
     if returned is None:
         raise BackendError(
             f"{where} returned None, but takes its output buffers ({', '.join(names)}) only "
             "through **kwargs (or has a signature Python cannot read), so nothing says it wrote "
             f"them: return the result, or name {', '.join(names)} as parameters of the kernel "
-            "(`def kernel(x, *, out)`) and write them in place"
+            "(`def kernel(x, *, out)`) and write them in place",
+            **fields,
         )
     results = (returned,) if len(names) == 1 else returned
     if not (
@@ -154,17 +164,25 @@ def _returned_outputs(
         expected = "a tensor" if len(names) == 1 else f"a tuple of {len(names)} tensors"
         raise BackendError(
             f"{where} returned {_shown(returned)}; expected None (having written "
-            f"{', '.join(names)} in place) or {expected} ({', '.join(names)})"
+            f"{', '.join(names)} in place) or {expected} ({', '.join(names)})",
+            **fields,
         )
     for name, result in zip(names, results, strict=True):
         if result is not buffers[name]:
-            _check_returned(where, name, result, buffers[name], inputs)
+            _check_returned(where, fields, name, (result, buffers[name]), inputs)
     return dict(zip(names, results, strict=True))
 
 
 def _check_returned(
-    where: str, name: str, result: torch.Tensor, buffer: torch.Tensor, inputs: dict[str, Any]
+    where: str,
+    fields: dict[str, Any],
+    name: str,
+    returned: tuple[torch.Tensor, torch.Tensor],
+    inputs: dict[str, Any],
 ) -> None:
+    """Raise unless output `name`, `returned` as (result, the buffer it replaces), is shaped
+    like its buffer and shares no memory with an input."""
+    result, buffer = returned
     if not (
         result.shape == buffer.shape
         and result.dtype == buffer.dtype
@@ -175,14 +193,16 @@ def _check_returned(
         expected = describe(True, buffer.dtype, buffer.shape, buffer.device)
         raise BackendError(
             f"{where} returned for output {name!r} {got}, but the op's signature expects "
-            f"{expected} (the buffer it was handed)"
+            f"{expected} (the buffer it was handed)",
+            **fields,
         )
     storage = _storage(result)
     shared = [n for n, t in inputs.items() if t is not None and _storage(t) == storage]
     if storage and shared:
         raise BackendError(
             f"{where} returned for output {name!r} a tensor sharing memory with its input "
-            f"{shared[0]!r}; return a new tensor, or write the output buffer it was handed"
+            f"{shared[0]!r}; return a new tensor, or write the output buffer it was handed",
+            **fields,
         )
 
 
@@ -222,5 +242,8 @@ def _no_builder(op: Op, target: str, device: torch.device) -> OpNotAvailableErro
         f"{name}: {why}. There is no fall-back to other kernels: construct the op with "
         f"target={BUILTIN!r} (its own kernels) or another target, or change the process default "
         f"with tileops.backend.set_default_target(...) (BUILTIN, or a target that builds {name})."
-        f" {failure_note()}".rstrip()
+        f" {failure_note()}".rstrip(),
+        op=name,
+        target=target,
+        source=owners[0] if owners else None,
     )
