@@ -316,6 +316,7 @@ class RegistrationHandle:
         return self._registry._slots.get(self._slot) is self._entry
 
     def remove(self) -> None:
+        """Undo the registration, if it is still in force."""
         self._registry.remove(self._slot, self._entry)
 
     def __enter__(self) -> RegistrationHandle:
