@@ -20,7 +20,7 @@ nox.options.default_venv_backend = "uv|virtualenv"
 
 TORCH = "torch==2.13.0"
 DISTRIBUTIONS = ["./tileops-core", "./tileops-cuda", "./tileops-triton-backend"]
-TEST_TOOLS = ["pytest>=8", "hypothesis>=6", "setuptools>=61", "wheel", "import-linter>=2.1"]
+TEST_TOOLS = ["pytest>=8", "hypothesis>=6", "setuptools>=61", "wheel", "import-linter>=2.17"]
 SOURCES = [f"{d}/src" for d in DISTRIBUTIONS] + ["./examples/acme-backend/src"]
 """Where lint-imports finds the packages it checks (it reads them, it imports nothing)."""
 
@@ -58,9 +58,9 @@ def _requirements(extra: tuple[str, ...]) -> str:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole test suite on CPU: core, integration and TileLang compile checks; then the
-    Triton kernels under the interpreter and compiled for sm_90; then the example backend's
-    own tests."""
+    """The import contracts; then the whole test suite on CPU: core, integration and TileLang
+    compile checks; then the Triton kernels under the interpreter and compiled for sm_90; then
+    the example backend's own tests."""
     _install_project(session, *TEST_TOOLS)
     _lint_imports(session)
     pytest = ("pytest", "-q", "-p", "no:cacheprovider")
@@ -106,7 +106,7 @@ def wheels(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff", "import-linter>=2.1")
+    session.install("ruff", "import-linter>=2.17")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     _lint_imports(session)
