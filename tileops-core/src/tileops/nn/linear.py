@@ -35,7 +35,8 @@ class Linear(TileModule, nn.Linear):
     The bias is added after the GEMM, in the op's dtype (GemmOp has no bias epilogue).
     """
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # torch.nn.Linear's keyword
+        x = input
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise OpInputError(
                 f"tileops.nn.Linear: argument 'input' of shape {list(x.shape)} cannot be "
