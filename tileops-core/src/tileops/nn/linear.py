@@ -43,7 +43,7 @@ class Linear(TileModule, nn.Linear):
                 f"multiplied by weight of shape {list(self.weight.shape)}; its last dim must "
                 f"be in_features={self.in_features}"
             )
-        rows = x.reshape(-1, self.in_features)
+        rows = x.reshape(x.shape[:-1].numel(), self.in_features)  # -1 is ambiguous for in=0
         y = _matmul_wt(op_for(GemmOp, x.device), rows, self.weight)
         if self.bias is not None:
             y = y + self.bias
