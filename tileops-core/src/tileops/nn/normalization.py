@@ -27,7 +27,7 @@ class RMSNorm(TileModule, nn.RMSNorm):
             lambda: RMSNormFwdOp(module.normalized_shape, module.eps)
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # torch.nn.RMSNorm's name
         op = op_for(RMSNormFwdOp, x.device, self.normalized_shape, self.eps)
         weight = self.weight
         dtype = compute_dtype(x, weight)
@@ -45,13 +45,13 @@ class LayerNorm(TileModule, nn.LayerNorm):
             lambda: LayerNormFwdOp(module.normalized_shape, module.eps)
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        op = op_for(LayerNormFwdOp, x.device, self.normalized_shape, self.eps)
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # torch.nn.LayerNorm's name
+        op = op_for(LayerNormFwdOp, input.device, self.normalized_shape, self.eps)
         weight, bias = self.weight, self.bias
-        dtype = compute_dtype(x, weight)
-        if dtype == x.dtype:
-            return op(x, weight, bias)
-        return op(x.to(dtype), cast(weight, dtype), cast(bias, dtype)).to(x.dtype)
+        dtype = compute_dtype(input, weight)
+        if dtype == input.dtype:
+            return op(input, weight, bias)
+        return op(input.to(dtype), cast(weight, dtype), cast(bias, dtype)).to(input.dtype)
 
 
 def declared_norm(module: nn.Module, x: torch.Tensor, semantics: ModuleSemantics) -> torch.Tensor:
