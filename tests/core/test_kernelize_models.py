@@ -8,6 +8,8 @@ import copy
 import importlib
 import io
 import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -261,6 +263,23 @@ def _torch_load(model: nn.Module) -> nn.Module:
     torch.save(model, buffer)
     buffer.seek(0)
     return torch.load(buffer, weights_only=False)
+
+
+def test_a_saved_kernelized_model_loads_in_a_fresh_process(tmp_path):
+    """The generated classes are rebuilt on load: no kernelize, no declaration needed there."""
+    model = build("gemma")
+    tnn.kernelize(model)
+    with torch.no_grad():
+        torch.save({"model": model, "logits": model(tokens()).logits}, tmp_path / "model.pt")
+    code = f"""
+import torch
+saved = torch.load({str(tmp_path / "model.pt")!r}, weights_only=False)
+model, batch = saved["model"], torch.tensor({tokens().tolist()})
+assert type(model.model.norm).__module__ == "tileops.nn.declared", type(model.model.norm)
+with torch.no_grad():
+    torch.testing.assert_close(model(batch).logits, saved["logits"])
+"""
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_a_state_dict_loads_between_eager_and_kernelized_models():

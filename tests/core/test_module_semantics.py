@@ -184,6 +184,22 @@ def test_a_swapped_declared_module_copies_pickles_and_compiles():
     torch.testing.assert_close(torch.compile(norm, fullgraph=True)(x), norm(x))
 
 
+class SelfPickling(LlamaStyleNorm):
+    """Pickles as a call of its own: a swapped instance keeps that way (and comes back as
+    the declared class, unswapped)."""
+
+    def __reduce__(self) -> tuple:
+        return (SelfPickling, (self.weight.shape[0], self.variance_epsilon))
+
+
+def test_a_class_that_pickles_its_own_way_keeps_it():
+    tnn.register_module_semantics(SelfPickling, **DECLARATIONS[LlamaStyleNorm])
+    norm = SelfPickling(4, eps=0.5)
+    tnn.kernelize(norm)
+    clone = pickle.loads(pickle.dumps(norm))
+    assert type(clone) is SelfPickling and clone.variance_epsilon == 0.5
+
+
 def test_the_report_says_how_a_declared_class_is_served():
     text = str(tnn.kernelize(Wrapper(GemmaStyleNorm(16))))
     assert "test_module_semantics.GemmaStyleNorm" in text

@@ -10,6 +10,7 @@ that regenerates the class from `cls` and the declaration.
 
 from __future__ import annotations
 
+import copyreg
 import functools
 import inspect
 from typing import Any, ClassVar
@@ -46,8 +47,11 @@ class DeclaredNorm(TileModule):
         return super().refusal(module) or _attribute_refusal(module, cls.semantics)
 
     def __reduce_ex__(self, protocol: int) -> tuple:
-        state = super().__reduce_ex__(protocol)[2:]  # what object's pickling keeps: __dict__
-        return (_new_declared, (self.torch_type, self.semantics), *state)
+        reduced = super().__reduce_ex__(protocol)
+        if reduced[0] not in (copyreg.__newobj__, copyreg._reconstructor):
+            return reduced  # the declared class pickles itself its own way
+        # object's pickling: (make an empty instance of the class, ...), then the state
+        return (_new_declared, (self.torch_type, self.semantics), *reduced[2:])
 
 
 @functools.cache
