@@ -20,7 +20,8 @@ nox.options.default_venv_backend = "uv|virtualenv"
 
 TORCH = "torch==2.13.0"
 DISTRIBUTIONS = ["./tileops-core", "./tileops-cuda", "./tileops-triton-backend"]
-TEST_TOOLS = ["pytest>=8", "hypothesis>=6", "setuptools>=61", "wheel"]
+# transformers: kernelize is tested on its models (tiny configs, random weights, no downloads).
+TEST_TOOLS = ["pytest>=8", "hypothesis>=6", "setuptools>=61", "wheel", "transformers>=5.17,<6"]
 
 
 def _install_project(session: nox.Session, *extra: str) -> None:
