@@ -20,7 +20,16 @@ nox.options.default_venv_backend = "uv|virtualenv"
 
 TORCH = "torch==2.13.0"
 DISTRIBUTIONS = ["./tileops-core", "./tileops-cuda", "./tileops-triton-backend"]
-TEST_TOOLS = ["pytest>=8", "hypothesis>=6", "setuptools>=61", "wheel", "import-linter>=2.17"]
+# transformers: kernelize is tested on its models (tiny configs, random weights, no downloads).
+# import-linter: the import contracts (pyproject.toml), checked before the tests.
+TEST_TOOLS = [
+    "pytest>=8",
+    "hypothesis>=6",
+    "setuptools>=61",
+    "wheel",
+    "transformers>=5.17,<6",
+    "import-linter>=2.17",
+]
 SOURCES = [f"{d}/src" for d in DISTRIBUTIONS] + ["./examples/acme-backend/src"]
 """Where lint-imports finds the packages it checks (it reads them, it imports nothing)."""
 

@@ -1,0 +1,382 @@
+"""Real models, eager against kernelized: what a user of `tileops.nn.kernelize` pays end to end.
+
+Models nobody here wrote, built from configs with random weights (no downloads):
+
+- `llama`: transformers' Llama architecture, d=4096, 4 layers, GQA 32/8, vocab 128,256,
+  bfloat16; a training step on 2 x 1024 tokens (forward, loss, backward, SGD), prefill of
+  4 x 2048 tokens, and cached greedy decode of 256 + 32 tokens at batch 1 and 32;
+- `resnet50`: torchvision's ResNet-50, batch 128 at 224 x 224 under bfloat16 autocast, NCHW
+  and channels_last: a training step (SGD) and eval;
+- `encoder`: `torch.nn.TransformerEncoderLayer` d=1024, 16 heads, 8 x 512 tokens, bfloat16:
+  a training step and inference.
+
+Each work is timed for four contenders, each on a fresh model from the same seed: eager,
+kernelized, `torch.compile` of eager, and `torch.compile` of kernelized, with the peak memory of
+each (weights included). Training works also run 20 steps of eager and of kernelized on the same
+batches and report the largest loss difference against the bfloat16 tolerance.
+
+    python benchmarks/suites/models_h200.py [--models llama,resnet50,encoder]
+        [--works train,prefill,decode,eval] [--no-compile] [--steps 20] [--tiny] [--out DIR]
+
+`--tiny` shrinks every model so the script runs on a CPU in a minute (a smoke run; its figures
+mean nothing). Writes `<out>/models_<device>.{md,json}` stamped with date, device and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
+
+import torch
+import torch.nn.functional as F
+from _harness.provenance import result_path, results_dir, run_stamp
+
+import tileops.nn
+
+BF16_LOSS_RTOL = 2e-2  # loss curves of two bf16 models agree to about 2% over 20 SGD steps
+
+
+@dataclass
+class Work:
+    """One model at one kind of work: how to build it and how to run one timed step."""
+
+    model: str
+    work: str
+    build: Callable[[], torch.nn.Module]
+    batch: Callable[[int], Any]
+    step: Callable[[torch.nn.Module, Any], torch.Tensor | None]
+    training: bool
+
+
+# ---- models ---------------------------------------------------------------------------------
+
+
+def _llama_config(tiny: bool) -> Any:
+    from transformers import LlamaConfig
+
+    if tiny:
+        return LlamaConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=256, max_position_embeddings=512,
+        )  # fmt: skip
+    return LlamaConfig(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=4, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=128256, max_position_embeddings=8192,
+    )  # fmt: skip
+
+
+def _llama(device: str, tiny: bool) -> torch.nn.Module:
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM(_llama_config(tiny)).to(device, torch.bfloat16)
+    model.generation_config.eos_token_id = None  # random weights: decode every token asked
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def _tokens(device: str, vocab: int, batch: int, seq: int) -> Callable[[int], Any]:
+    def make(seed: int) -> torch.Tensor:
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        return torch.randint(0, vocab, (batch, seq), generator=generator).to(device)
+
+    return make
+
+
+def _lm_train(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    _sgd(model)
+    return loss.detach()
+
+
+def _lm_prefill(model: torch.nn.Module, ids: torch.Tensor) -> None:
+    with torch.inference_mode():
+        model(input_ids=ids, use_cache=False, logits_to_keep=1)
+
+
+def _lm_decode(new_tokens: int) -> Callable[[torch.nn.Module, torch.Tensor], None]:
+    def decode(model: torch.nn.Module, ids: torch.Tensor) -> None:
+        with torch.inference_mode():
+            out = model.generate(
+                ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
+            )
+        assert out.shape[1] == ids.shape[1] + new_tokens
+
+    return decode
+
+
+def _resnet50(device: str, tiny: bool, channels_last: bool) -> torch.nn.Module:
+    import torchvision
+
+    model = torchvision.models.resnet18() if tiny else torchvision.models.resnet50()
+    model = model.to(device)
+    return model.to(memory_format=torch.channels_last) if channels_last else model
+
+
+def _images(device: str, batch: int, size: int, channels_last: bool) -> Callable[[int], Any]:
+    def make(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        x = torch.randn(batch, 3, size, size, generator=generator).to(device)
+        if channels_last:
+            x = x.to(memory_format=torch.channels_last)
+        return x, torch.randint(0, 1000, (batch,), generator=generator).to(device)
+
+    return make
+
+
+def _autocast(device: str) -> Any:
+    return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16)
+
+
+def _image_train(device: str) -> Callable[[torch.nn.Module, Any], torch.Tensor]:
+    def step(model: torch.nn.Module, batch: Any) -> torch.Tensor:
+        x, labels = batch
+        with _autocast(device):
+            loss = F.cross_entropy(model(x), labels)
+        loss.backward()
+        _sgd(model)
+        return loss.detach()
+
+    return step
+
+
+def _image_eval(device: str) -> Callable[[torch.nn.Module, Any], None]:
+    def step(model: torch.nn.Module, batch: Any) -> None:
+        with torch.inference_mode(), _autocast(device):
+            model(batch[0])
+
+    return step
+
+
+def _encoder(device: str, tiny: bool) -> torch.nn.Module:
+    width, heads = (64, 4) if tiny else (1024, 16)
+    layer = torch.nn.TransformerEncoderLayer(
+        width, heads, dim_feedforward=4 * width, dropout=0.0, batch_first=True
+    )
+    return layer.to(device, torch.bfloat16)
+
+
+def _hidden(device: str, batch: int, seq: int, width: int) -> Callable[[int], Any]:
+    def make(seed: int) -> torch.Tensor:
+        generator = torch.Generator(device="cpu").manual_seed(seed)
+        return torch.randn(batch, seq, width, generator=generator).to(device, torch.bfloat16)
+
+    return make
+
+
+def _encoder_train(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    loss = model(x).float().square().mean()
+    loss.backward()
+    _sgd(model)
+    return loss.detach()
+
+
+def _encoder_infer(model: torch.nn.Module, x: torch.Tensor) -> None:
+    with torch.inference_mode():
+        model(x)
+
+
+def _sgd(model: torch.nn.Module, lr: float = 1e-3) -> None:
+    """Plain SGD without state, in place: the optimizer costs the same for every contender."""
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.add_(p.grad, alpha=-lr)
+                p.grad = None
+
+
+def works(device: str, tiny: bool) -> list[Work]:
+    """Every (model, work) this suite knows, at the issue's sizes (or tiny ones)."""
+    vocab = _llama_config(tiny).vocab_size
+    s = (lambda full, small: small) if tiny else (lambda full, small: full)
+    found = [
+        Work("llama", "train 2x1024", lambda: _llama(device, tiny),
+             _tokens(device, vocab, 2, s(1024, 32)), _lm_train, True),
+        Work("llama", "prefill 4x2048", lambda: _llama(device, tiny),
+             _tokens(device, vocab, 4, s(2048, 32)), _lm_prefill, False),
+    ]  # fmt: skip
+    for batch in (1, 32):
+        found.append(
+            Work("llama", f"decode b{batch} 256+32", lambda: _llama(device, tiny),
+                 _tokens(device, vocab, batch, s(256, 8)), _lm_decode(s(32, 4)), False)
+        )  # fmt: skip
+    for cl in (False, True):
+        layout = "channels_last" if cl else "NCHW"
+        images = _images(device, s(128, 4), s(224, 32), cl)
+        build = functools.partial(_resnet50, device, tiny, cl)
+        found.append(Work("resnet50", f"train {layout}", build, images, _image_train(device), True))
+        found.append(Work("resnet50", f"eval {layout}", build, images, _image_eval(device), False))
+    hidden = _hidden(device, s(8, 2), s(512, 16), s(1024, 64))
+    found.append(Work("encoder", "train", lambda: _encoder(device, tiny), hidden,
+                      _encoder_train, True))  # fmt: skip
+    found.append(Work("encoder", "inference", lambda: _encoder(device, tiny), hidden,
+                      _encoder_infer, False))  # fmt: skip
+    return found
+
+
+# ---- contenders and timing ------------------------------------------------------------------
+
+
+def contender(work: Work, kernelized: bool, compiled: bool) -> tuple[torch.nn.Module, str]:
+    """A fresh model for `work` from the same seed, kernelized and compiled as asked, and the
+    kernelize report's first line (what was swapped)."""
+    torch.manual_seed(0)
+    model = work.build()
+    model.train(work.training)
+    report = ""
+    if kernelized:
+        report = str(tileops.nn.kernelize(model)).splitlines()[0]
+    if compiled:
+        model.forward = torch.compile(model.forward)
+    return model, report
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_steps(work: Work, model: torch.nn.Module, device: str, steps: int) -> float:
+    """Median milliseconds of one step, after three warm-up steps (compilation, selection)."""
+    batch = work.batch(0)
+    for _ in range(3):
+        work.step(model, batch)
+    _sync(device)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        work.step(model, batch)
+        _sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def losses(work: Work, kernelized: bool, steps: int) -> list[float]:
+    """The training losses of `steps` steps on batches 0..steps-1, from the shared seed."""
+    model, _ = contender(work, kernelized, compiled=False)
+    found = [float(work.step(model, work.batch(seed))) for seed in range(steps)]
+    del model
+    return found
+
+
+def measure(work: Work, device: str, steps: int, compile_too: bool) -> dict[str, Any]:
+    """Every contender's median step time and peak memory, and the loss check."""
+    row: dict[str, Any] = {"model": work.model, "work": work.work}
+    variants = [("eager", False, False), ("kernelized", True, False)]
+    if compile_too:
+        variants += [("compiled", False, True), ("compiled+kernelized", True, True)]
+    for name, kernelized, compiled in variants:
+        _release(device)
+        try:
+            model, report = contender(work, kernelized, compiled)
+            row[f"{name} ms"] = time_steps(work, model, device, steps)
+            row[f"{name} GiB"] = _peak_gib(device)
+            if report:
+                row["kernelize"] = report
+            del model
+        except Exception as error:  # a failure is a figure too: report it, go on
+            row[f"{name} ms"] = f"fails: {type(error).__name__}: {str(error)[:160]}"
+    if work.training:
+        _release(device)
+        try:
+            eager, ours = losses(work, False, 20), losses(work, True, 20)
+            worst = max(abs(a - b) / max(abs(a), 1e-6) for a, b in zip(eager, ours, strict=True))
+            row["loss max rel diff"] = worst
+            row["losses agree"] = worst <= BF16_LOSS_RTOL
+        except Exception as error:
+            row["losses agree"] = f"fails: {type(error).__name__}: {str(error)[:160]}"
+    return row
+
+
+def _release(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        torch._dynamo.reset()
+
+
+def _peak_gib(device: str) -> float | None:
+    return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
+
+
+# ---- report ---------------------------------------------------------------------------------
+
+
+def _ratio(row: dict[str, Any], base: str, ours: str) -> str:
+    a, b = row.get(f"{base} ms"), row.get(f"{ours} ms")
+    return f"{a / b:.2f}" if isinstance(a, float) and isinstance(b, float) else "—"
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return "—" if value is None else str(value)
+
+
+def table(rows: list[dict[str, Any]], stamp: dict[str, Any]) -> list[str]:
+    """The rows as markdown: times, ratios (eager / kernelized: above 1 means we are faster),
+    peak memory and the loss check."""
+    lines = [f"# Models, eager against kernelized ({stamp['device']})", "",
+             "  ".join(f"{k}: {v}" for k, v in stamp.items()), "",
+             "| model | work | eager ms | kernelized ms | ratio | compiled ms | compiled+k ms | "
+             "ratio | eager GiB | kernelized GiB | losses agree (max rel diff) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for row in rows:
+        agree = row.get("losses agree", "—")
+        if "loss max rel diff" in row:
+            agree = f"{agree} ({row['loss max rel diff']:.4f})"
+        cells = [row["model"], row["work"], *(_cell(row.get(f"{n} ms")) for n in
+                 ("eager", "kernelized")), _ratio(row, "eager", "kernelized"),
+                 *(_cell(row.get(f"{n} ms")) for n in ("compiled", "compiled+kernelized")),
+                 _ratio(row, "compiled", "compiled+kernelized"), _cell(row.get("eager GiB")),
+                 _cell(row.get("kernelized GiB")), str(agree)]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "What kernelize swapped:", ""]
+    lines += sorted({f"- {r['model']}: {r['kernelize']}" for r in rows if r.get("kernelize")})
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="llama,resnet50,encoder")
+    parser.add_argument("--works", default="", help="substrings of work names (default: all)")
+    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per contender")
+    parser.add_argument("--tiny", action="store_true", help="small models: a CPU smoke run")
+    parser.add_argument("--out", default=str(results_dir("models")))
+    args = parser.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    wanted_works = [w for w in args.works.split(",") if w]
+    rows = []
+    for work in works(device, args.tiny):
+        if work.model not in args.models.split(","):
+            continue
+        if wanted_works and not any(w in work.work for w in wanted_works):
+            continue
+        rows.append(measure(work, device, args.steps, not args.no_compile))
+        print(json.dumps(rows[-1], default=str), flush=True)
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    stamp = run_stamp() if device == "cuda" else {"device": "cpu"}
+    prefix = "models_tiny" if args.tiny else "models"
+    result_path(args.out, prefix, name, ".json").write_text(
+        json.dumps({"stamp": stamp, "rows": rows}, indent=1, default=str)
+    )
+    text = table(rows, stamp)
+    result_path(args.out, prefix, name, ".md").write_text("\n".join(text) + "\n")
+    print("\n".join(text))
+
+
+if __name__ == "__main__":
+    main()

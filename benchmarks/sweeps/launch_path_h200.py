@@ -1,0 +1,179 @@
+"""Where a decode-sized op call spends its host time, step by step down to the launch.
+
+For RMSNorm 1 x 4096 and a 1 x 4096 x 4096 GEMM (`tnn.Linear`'s shape at decode), bfloat16, it
+times per call (median of interleaved loops, synchronised at the end of each, so host-bound
+figures): torch's function, `torch.empty_like`, the TileLang program called directly with its
+output preallocated under each of TileLang's execution backends, the serving kernel entry, the op,
+the `tileops.nn` module, and the op under `torch.inference_mode`. Then a cProfile of the op's
+calls (the functions that cost the most, by own time).
+
+    python benchmarks/sweeps/launch_path_h200.py [--number 2000] [--repeats 7] [--out DIR]
+
+Writes `<out>/launch_path_<device>.txt`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
+
+import torch
+import torch.nn.functional as F
+from _harness.provenance import result_path, results_dir, run_stamp
+
+import tileops
+import tileops.nn
+
+BACKENDS = ("tvm_ffi", "cython")
+
+
+def per_call_ns(fns: dict[str, Callable[[], Any]], number: int, repeats: int) -> dict[str, float]:
+    """Median ns per call of each of `fns`, one loop of each per repeat, in turns."""
+    for fn in fns.values():
+        for _ in range(number // 10):
+            fn()
+    torch.cuda.synchronize()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            torch.cuda.synchronize()
+            times[name].append((time.perf_counter() - start) / number * 1e9)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def serving_entry(op: tileops.Op, inputs: tuple) -> tuple[Any, tuple]:
+    """The kernel object serving `op(*inputs)` and the canonical arguments it is called with."""
+    seen: dict[str, Any] = {}
+    call_kernel = op.call_kernel
+
+    def spy(interface, call, shape, dtype, *args):
+        seen.update(interface=interface, call=call, args=args)
+        return call_kernel(interface, call, shape, dtype, *args)
+
+    op.call_kernel = spy
+    try:
+        op(*inputs)
+    finally:
+        del op.call_kernel
+    return op.kernel_for(seen["interface"], seen["call"]), seen["args"]
+
+
+def direct_launches(kernel: Any, args: tuple) -> dict[str, Callable[[], Any]]:
+    """A row kernel's TileLang program rebuilt under each execution backend, called directly
+    with every buffer preallocated (what a launch costs with nothing of ours around it)."""
+    compiled = getattr(kernel, "compiled", None)
+    if not hasattr(compiled, "prim_func") or not hasattr(kernel, "workspace"):
+        return {}  # the GEMM kernels hold a list of programs and their own buffers
+    import tilelang
+
+    buffers = [*args, *kernel.workspace(args[0]), torch.empty_like(args[0])]
+    found = {}
+    for backend in BACKENDS:
+        try:
+            jit = tilelang.compile(
+                compiled.prim_func,
+                target=compiled.target,
+                pass_configs=compiled.pass_configs,
+                execution_backend=backend,
+            )
+            jit(*buffers)
+        except Exception as error:  # a backend that cannot build here is a finding, not a stop
+            print(f"execution_backend={backend}: {type(error).__name__}: {error}")
+            continue
+        found[f"tilelang {backend}, preallocated"] = lambda j=jit: j(*buffers)
+    return found
+
+
+def profile_top(fn: Callable[[], Any], calls: int = 5000, top: int = 25) -> str:
+    """The `top` functions by own time over `calls` calls of `fn`."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def cases() -> dict[str, tuple]:
+    """(op, inputs, torch function, tileops.nn module call) at decode shapes."""
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    norm = tileops.nn.RMSNorm(4096, eps=1e-6).to("cuda", torch.bfloat16)
+    linear = tileops.nn.Linear(4096, 4096, bias=False).to("cuda", torch.bfloat16)
+    weight_t = linear.weight.detach().t().contiguous()
+    return {
+        "rms_norm 1x4096": (
+            tileops.RMSNormFwdOp(4096, eps=1e-6),
+            (x, w),
+            lambda: F.rms_norm(x, (4096,), w, 1e-6),
+            lambda: norm(x),
+        ),
+        "gemm 1x4096x4096": (
+            tileops.GemmOp(),
+            (x, weight_t),
+            lambda: F.linear(x, linear.weight),
+            lambda: linear(x),
+        ),
+    }
+
+
+def measure(name: str, case: tuple, number: int, repeats: int) -> list[str]:
+    """One case's per-call figures and profiles, as report lines."""
+    op, inputs, torch_fn, module_call = case
+    kernel, kernel_args = serving_entry(op, inputs)
+
+    def op_call() -> Any:
+        return op(*inputs)
+
+    fns = {
+        "torch function": torch_fn,
+        "torch.empty_like": lambda: torch.empty_like(inputs[0]),
+        **direct_launches(kernel, kernel_args),
+        f"kernel entry ({type(kernel).__name__})": lambda: kernel(*kernel_args),
+        "op": op_call,
+        "tileops.nn module": module_call,
+    }
+    with torch.no_grad():
+        found = per_call_ns(fns, number, repeats)
+    with torch.inference_mode():
+        found.update(per_call_ns({"op, inference_mode": op_call}, number, 3))
+    base = found["torch function"]
+    lines = [f"## {name}: ns per call (ratio to the torch function)"]
+    lines += [f"  {k:<44} {v:>9,.0f}  {v / base:5.2f}" for k, v in found.items()]
+    lines += ["", "cProfile of the op's calls:", profile_top(op_call), ""]
+    return lines + ["cProfile of the module's calls:", profile_top(module_call), ""]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--number", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--out", default=str(results_dir("dispatch")))
+    args = parser.parse_args()
+    stamp = run_stamp()
+    lines = ["  ".join(f"{k}: {v}" for k, v in stamp.items()), ""]
+    for name, case in cases().items():
+        lines += measure(name, case, args.number, args.repeats)
+    path = result_path(args.out, "launch_path", stamp["device"], ".txt")
+    path.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
