@@ -20,7 +20,18 @@ nox.options.default_venv_backend = "uv|virtualenv"
 
 TORCH = "torch==2.13.0"
 DISTRIBUTIONS = ["./tileops-core", "./tileops-cuda", "./tileops-triton-backend"]
-TEST_TOOLS = ["pytest>=8", "hypothesis>=6", "setuptools>=61", "wheel"]
+# transformers: kernelize is tested on its models (tiny configs, random weights, no downloads).
+# import-linter: the import contracts (pyproject.toml), checked before the tests.
+TEST_TOOLS = [
+    "pytest>=8",
+    "hypothesis>=6",
+    "setuptools>=61",
+    "wheel",
+    "transformers>=5.17,<6",
+    "import-linter>=2.17",
+]
+SOURCES = [f"{d}/src" for d in DISTRIBUTIONS] + ["./examples/acme-backend/src"]
+"""Where lint-imports finds the packages it checks (it reads them, it imports nothing)."""
 
 
 def _install_project(session: nox.Session, *extra: str) -> None:
@@ -56,10 +67,11 @@ def _requirements(extra: tuple[str, ...]) -> str:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The whole test suite on CPU: core, integration and TileLang compile checks; then the
-    Triton kernels under the interpreter and compiled for sm_90; then the example backend's
-    own tests."""
+    """The import contracts; then the whole test suite on CPU: core, integration and TileLang
+    compile checks; then the Triton kernels under the interpreter and compiled for sm_90; then
+    the example backend's own tests."""
     _install_project(session, *TEST_TOOLS)
+    _lint_imports(session)
     pytest = ("pytest", "-q", "-p", "no:cacheprovider")
     session.run(*pytest, "tests", "--ignore=tests/triton", *session.posargs)
     # Under TRITON_INTERPRET=1 the Triton backend also serves CPU tensors: its own process.
@@ -103,6 +115,12 @@ def wheels(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    session.install("ruff")
+    session.install("ruff", "import-linter>=2.17")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    _lint_imports(session)
+
+
+def _lint_imports(session: nox.Session) -> None:
+    """The import contracts of pyproject.toml: the core's layers, no cycles, backends apart."""
+    session.run("lint-imports", env={"PYTHONPATH": os.pathsep.join(SOURCES)})

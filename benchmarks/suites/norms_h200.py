@@ -34,8 +34,8 @@ from _harness.provenance import result_path, results_dir, run_stamp
 
 import tileops
 from tileops.backend import key_serves, register_kernel_type
-from tileops.backend.registry import REGISTRY
 from tileops.errors import TileOpsError
+from tileops.registry import REGISTRY
 from tileops.table import table_for
 from tileops.testing import isolated_registry
 

@@ -10,7 +10,7 @@ import torch
 
 from tileops import CallSpec, Kernel, KernelInterface, Op
 from tileops.backend import register_kernel_type
-from tileops.backend.registry import REGISTRY
+from tileops.registry import REGISTRY
 
 
 class RowsCall(CallSpec):

@@ -10,8 +10,8 @@ import pytest
 from dispatch_kit import Binary, kernel, make_op
 
 import tileops
-from tileops.backend.registry import REGISTRY
 from tileops.cli import main
+from tileops.registry import REGISTRY
 
 
 def test_list_shows_ops_keys_sources_and_backends(capsys):

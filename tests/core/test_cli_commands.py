@@ -12,9 +12,9 @@ from cli_kit import plant, rows_kernel, rows_op_known
 
 from tileops import Kernel, SoftmaxFwdOp
 from tileops.backend import register_detector, register_kernel_builder, register_kernel_type
-from tileops.backend.plugins import LOADER, LoadFailure
 from tileops.cli import main
 from tileops.ops import SoftmaxInterface
+from tileops.plugins import LOADER, LoadFailure
 
 
 def run(capsys, *args: str) -> tuple[int, str, str]:

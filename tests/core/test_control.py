@@ -18,8 +18,8 @@ from tileops import (
     NoImplementationError,
     Requirements,
 )
-from tileops.backend.registry import REGISTRY
 from tileops.control import Rules, _installed_keys, env_flag
+from tileops.registry import REGISTRY
 from tileops.testing import simulate_device
 
 

@@ -11,7 +11,7 @@ from dispatch_kit import INTERFACE, call, kernel, make_op
 
 import tileops.device
 from tileops import DeviceFacts
-from tileops.control import SCOPES
+from tileops.scope import SCOPES
 from tileops.testing import simulate_device
 
 

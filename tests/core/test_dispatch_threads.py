@@ -12,11 +12,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from dispatch_kit import INTERFACE, call, kernel, make_op
 
-import tileops.control
 import tileops.device
+import tileops.scope
 import tileops.table
-from tileops.backend.plugins import LOADER
-from tileops.backend.registry import REGISTRY
+from tileops.plugins import LOADER
+from tileops.registry import REGISTRY
 from tileops.testing import simulate_device
 
 THREADS = 16
@@ -69,11 +69,11 @@ def test_hits_take_no_lock(simulated):
 
 def _hits_while_locks_are_held(op_cls, op, spec, worker_context, entry) -> None:
     locks = [
-        op_cls._entries_lock,
-        *op_cls._entry_locks.values(),
+        tileops.table.shared_entries(op_cls).lock,
+        *tileops.table.shared_entries(op_cls).locks.values(),
         tileops.table._table_lock,
         tileops.device._lock,
-        tileops.control.SCOPES.lock,
+        tileops.scope.SCOPES.lock,
         REGISTRY.lock,
         LOADER._lock,
     ]

@@ -9,10 +9,10 @@ from dispatch_kit import INTERFACE, Unary, call, kernel, make_op
 import tileops
 from tileops import Op, OpDefinitionError, RMSNormFwdOp
 from tileops.backend import register_kernel_type
-from tileops.backend.registry import REGISTRY
 from tileops.errors import UnknownOpError
 from tileops.ops import RMSNormCall
 from tileops.ops.norm.rms_norm import RMSNormReference
+from tileops.registry import REGISTRY
 
 
 @pytest.fixture

@@ -12,13 +12,13 @@ import tileops
 import tileops.ops
 from tileops import (
     BatchNormFwdOp,
+    CallSpec,
     GemmOp,
     LayerNormFwdOp,
     OpInputError,
     RMSNormFwdOp,
     SoftmaxFwdOp,
 )
-from tileops.call import CallSpec
 from tileops.testing import simulate_device
 
 OPS = [LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp, BatchNormFwdOp, GemmOp]

@@ -12,8 +12,8 @@ from dispatch_kit import INTERFACE, call, kernel, make_op
 
 from tileops import SoftmaxFwdOp
 from tileops.backend import BackendError, default_target, register_detector, set_default_target
-from tileops.backend.registry import REGISTRY, Detector
 from tileops.provenance import Source
+from tileops.registry import REGISTRY, Detector
 from tileops.testing import isolated_registry, simulate_device
 
 

@@ -6,7 +6,7 @@ import pytest
 
 import tileops_cuda
 from tileops.backend import register_kernel_type
-from tileops.backend.registry import REGISTRY
+from tileops.registry import REGISTRY
 from tileops.testing import isolated_registry
 
 

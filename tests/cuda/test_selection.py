@@ -11,8 +11,8 @@ from cuda_grid import DTYPES, ROW_OPS, SIMULATED, make_call
 
 import tileops_cuda
 from tileops.backend import register_kernel_type
-from tileops.backend.registry import REGISTRY
 from tileops.ops import LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
+from tileops.registry import REGISTRY
 from tileops.testing import isolated_registry, simulate_device
 from tileops_cuda.rows import kernels as row_kernels
 

@@ -12,7 +12,7 @@ import pytest
 from triton_kit import TRITON, register_stand_ins
 
 from tileops.backend import register_kernel_type
-from tileops.backend.registry import REGISTRY
+from tileops.registry import REGISTRY
 from tileops.testing import isolated_registry
 
 

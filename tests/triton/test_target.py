@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from triton_kit import TOLERANCE, interpreted, rel_error
 
 from tileops.backend import TensorSpec, registered_targets, set_default_target
-from tileops.backend.registry import REGISTRY
 from tileops.errors import OpNotAvailableError
 from tileops.ops import BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
+from tileops.registry import REGISTRY
 from tileops.testing import isolated_registry
 from tileops_triton import target
 

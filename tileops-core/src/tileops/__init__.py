@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from . import library as _library
-from .call import CallSpec
+from .callspec import CallSpec
 from .control import pinned, prefer
 from .device import DeviceFacts
 from .errors import (
@@ -23,7 +23,7 @@ from .errors import (
     UnknownOpError,
     UnknownTargetError,
 )
-from .explain import Explanation
+from .explanation import Explanation
 from .kernel import Kernel, KernelInterface
 from .op import BUILTIN, Op
 from .ops import BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp

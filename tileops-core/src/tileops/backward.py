@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from .backend.registry import REGISTRY
-from .call import CallSpec
+from .callspec import CallSpec
 from .errors import KernelDeclarationError
 from .kernel import Build, Kernel, KernelInterface
+from .registry import REGISTRY
 
 if TYPE_CHECKING:
     from .op import Op

@@ -13,27 +13,24 @@ instances constructed after them. Names that match nothing, and pins that confli
 recorded in `tileops.backend.load_failures()` with a warning, as unknown backend names are.
 
 `pinned(...)` pins a key for the calls inside a `with` block only (per thread and task, through
-a context variable), as `record()` records and `tileops.testing.simulate_device` simulates a
-device. While no such block is active anywhere, op instances read their plain hit cache: the
-hit path pays nothing for pins, records or simulations that nobody uses.
+a context variable; see scope.py), as `record()` records and `tileops.testing.simulate_device`
+simulates a device.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import functools
 import os
-import threading
-import weakref
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
-
-from .device import NO_SIMULATIONS, SIMULATED
+from . import observe
 from .errors import ControlError
+from .plugins import LOADER, LoadFailure
+from .provenance import caller_source
+from .registry import REGISTRY, RegistrationHandle
+from .scope import SCOPES
 
 if TYPE_CHECKING:
     from .op import Op
@@ -90,8 +87,6 @@ class Rules:
         """The rules in force on each interface of `op_cls`, whose keys per interface are
         `keys`. A pin naming no interface applies where its key implements the interface;
         pins that conflict on one interface leave it unpinned (`unmatched` reports them)."""
-        from .backend.registry import REGISTRY
-
         found = {name: InterfaceRules() for name in op_cls.interfaces}
         for rule in [*self.rules, *REGISTRY.rules()]:
             if not _names(op_cls, rule.op) or rule.origin.startswith(PIN):
@@ -184,8 +179,6 @@ def _unmatched_on(rule: Rule, op_cls: type, installed: Collection[str]) -> str |
 
 def _keys_on(op_cls: type, interface: str) -> set[str]:
     """The installed keys of `op_cls` whose classes implement its `interface`."""
-    from .backend.registry import REGISTRY
-
     classes = {**op_cls.kernel_types}
     classes.update({key: r.cls for key, r in REGISTRY.kernel_types(op_cls).items()})
     wanted = op_cls.interfaces[interface]
@@ -212,161 +205,27 @@ def _parse(origin: str, entry: str, pair: bool) -> Rule | str:
 RULES = Rules()
 
 
-def prefer(op: type | str, interface: str, winner: str, loser: str) -> None:
+def prefer(op: type | str, interface: str, winner: str, loser: str) -> RegistrationHandle:
     """Make `winner` preferred over `loser` on `op`'s `interface`: the operator settles an
     ambiguity between two backends that cannot know each other's keys. Reaches op instances
-    constructed afterwards; a cycle with the declared preferences is refused then."""
+    constructed afterwards; a cycle with the declared preferences is refused then. The handle
+    returned withdraws the preference (`.remove()`, or the end of a `with` block)."""
     op_cls = _check_target(op, interface, "prefer")
     keys = _installed_keys(op_cls)
     for key in (winner, loser):
         if key not in keys:
             raise ControlError(
                 f"tileops.prefer: {op_cls.op_name} has no kernel {key!r}; it has "
-                f"{', '.join(sorted(keys))}"
+                f"{', '.join(sorted(keys))}",
+                op=op_cls.op_name,
+                interface=interface,
+                key=key,
             )
-    from .backend.registry import REGISTRY
-    from .provenance import caller_source
-
     rule = Rule("tileops.prefer()", op_cls.op_name, interface, (winner, loser), caller_source())
     # Kept in the registry: a transaction (isolated_registry) undoes it like a registration.
-    REGISTRY.add(("rule", rule), rule, lambda existing: ControlError(f"{rule} is set already"))
-
-
-# -- scoped pins and records ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Scope:
-    """What the `with` blocks around the current context ask of dispatch."""
-
-    pins: dict[tuple[type, str], str]
-    records: tuple[Any, ...]
-
-
-_scope: contextvars.ContextVar[Scope | None] = contextvars.ContextVar("tileops_scope", default=None)
-
-
-class ScopedHits:
-    """Stands in for an op's hit cache while some pin, record or device simulation is active in
-    the process: a hit then consults the current context's (and the plain cache when it has
-    none of them)."""
-
-    def __init__(self, op: Op) -> None:
-        self.op = op
-
-    def get(self, key: tuple) -> Any:
-        table = self.op._table
-        det = torch._C._get_deterministic_algorithms()
-        scope, simulations = _scope.get(), SIMULATED.get()
-        if scope is None and simulations is NO_SIMULATIONS:
-            return table.modes[det][0].get(key)
-        return table.scoped_hit(key, scope, simulations, det)
-
-
-Variant = tuple[Any, Any]
-"""(pinned key, device simulation) a context asks for one call: selections made under either
-are kept apart from the plain ones, which every other context shares."""
-
-
-def variant(
-    op_cls: type, interface: str, call: Any, scope: Scope | None, simulations: Mapping
-) -> Variant | None:
-    """What the context asks of dispatch for this call, or None when it asks nothing."""
-    pin = scope.pins.get((op_cls, interface)) if scope is not None else None
-    simulation = simulations.get(getattr(call, "device", None)) if simulations else None
-    return None if pin is None and simulation is None else (pin, simulation)
-
-
-def current_variant(op_cls: type, interface: str, call: Any) -> Variant | None:
-    """`variant` in the current thread or task."""
-    return variant(op_cls, interface, call, _scope.get(), SIMULATED.get())
-
-
-class Scopes:
-    """Decides which cache each live op's hits read, so that a hit is one plain dict lookup
-    while no pin, record or simulation is active anywhere: the cache of the current determinism
-    mode, or, while some is active, a `ScopedHits` that consults the caller's context.
-
-    Switching happens on the first and last scope, and when torch's determinism flag changes
-    through `torch.use_deterministic_algorithms` (watched: torch offers no callback)."""
-
-    def __init__(self) -> None:
-        self.active = 0
-        self.lock = threading.Lock()
-        self.ops: weakref.WeakSet[Op] = weakref.WeakSet()
-
-    def attach(self, op: Op) -> None:
-        """Give `op` the caches matching the current state (called at construction)."""
-        with self.lock:
-            self.ops.add(op)
-            self._set(op)
-
-    @contextlib.contextmanager
-    def enter(self, **changes: Any) -> Iterator[Scope]:
-        outer = _scope.get() or Scope({}, ())
-        scope = Scope(
-            {**outer.pins, **changes.get("pins", {})}, outer.records + changes.get("records", ())
-        )
-        token = _scope.set(scope)
-        try:
-            with self.counted():
-                yield scope
-        finally:
-            _scope.reset(token)
-
-    @contextlib.contextmanager
-    def counted(self) -> Iterator[None]:
-        """While inside, every op's hits consult their context: some context (the caller's)
-        asks something of dispatch (a pin, a record, a device simulation)."""
-        self._count(+1)
-        try:
-            yield
-        finally:
-            self._count(-1)
-
-    def _count(self, delta: int) -> None:
-        with self.lock:
-            before = self.active
-            self.active += delta
-            if (before == 0) != (self.active == 0):
-                self._set_all()
-
-    def refresh(self) -> None:
-        """Point every live op at the caches of the current state (the determinism flag)."""
-        with self.lock:
-            self._set_all()
-
-    def _set_all(self) -> None:
-        for op in list(self.ops):
-            self._set(op)
-
-    def _set(self, op: Op) -> None:
-        if self.active:
-            op._hits = ScopedHits(op)
-        else:
-            op._hits = op._table.modes[torch._C._get_deterministic_algorithms()][0]
-
-
-SCOPES = Scopes()
-
-
-def _watch_determinism() -> None:
-    """Wrap torch.use_deterministic_algorithms so that flipping it re-points op caches: the
-    switch takes effect on the next call, at no cost to hits."""
-    original = torch.use_deterministic_algorithms
-    if getattr(original, "_tileops_watched", False):
-        return
-
-    @functools.wraps(original)
-    def use_deterministic_algorithms(*args: Any, **kwargs: Any) -> None:
-        original(*args, **kwargs)
-        SCOPES.refresh()
-
-    use_deterministic_algorithms._tileops_watched = True
-    torch.use_deterministic_algorithms = use_deterministic_algorithms
-
-
-_watch_determinism()
+    return REGISTRY.add(
+        ("rule", rule), rule, lambda existing: ControlError(f"{rule} is set already")
+    )
 
 
 @contextlib.contextmanager
@@ -378,34 +237,29 @@ def pinned(op: type | str, interface: str, key: str) -> Iterator[None]:
     if key not in _installed_keys(op_cls):
         raise ControlError(
             f"tileops.pinned: {op_cls.op_name} has no kernel {key!r}; it has "
-            f"{', '.join(sorted(_installed_keys(op_cls)))}"
+            f"{', '.join(sorted(_installed_keys(op_cls)))}",
+            op=op_cls.op_name,
+            interface=interface,
+            key=key,
         )
     with SCOPES.enter(pins={(op_cls, interface): key}):
         yield
 
 
-def current_pin(op_cls: type, interface: str) -> str | None:
-    scope = _scope.get()
-    return None if scope is None else scope.pins.get((op_cls, interface))
-
-
 def _check_target(op: type | str, interface: str, api: str) -> type:
-    from .backend.plugins import LOADER
-    from .backend.registry import REGISTRY
-
     LOADER.ensure_loaded()
     op_cls = REGISTRY.op_class(op)
     if interface not in op_cls.interfaces:
         raise ControlError(
             f"tileops.{api}: {op_cls.op_name} has no interface {interface!r}; it has "
-            f"{', '.join(op_cls.interfaces)}"
+            f"{', '.join(op_cls.interfaces)}",
+            op=op_cls.op_name,
+            interface=interface,
         )
     return op_cls
 
 
 def _installed_keys(op_cls: type) -> set[str]:
-    from .backend.registry import REGISTRY
-
     return set(op_cls.kernel_types) | set(REGISTRY.kernel_types(op_cls))
 
 
@@ -440,8 +294,6 @@ def _setting_problems() -> list[tuple[str, str]]:
             env_flag(variable)
         except ControlError as exc:
             problems.append((variable, str(exc)))
-    from . import observe
-
     known = ", ".join(observe.LOGGERS)
     for name in observe.unknown_log_names():
         problem = f"{observe.LOG_VARIABLE} names {name!r}, which is no tileops log; use one of: "
@@ -452,3 +304,18 @@ def _setting_problems() -> list[tuple[str, str]]:
 def strict() -> bool:
     """Whether TILEOPS_STRICT is on (read on the fallback path only, so tests can set it)."""
     return env_flag(STRICT)
+
+
+def _check_operator_settings() -> list[LoadFailure]:
+    """Read TILEOPS_DENY / _PIN / _PREFER once every backend is in, and report entries that
+    cannot parse or name nothing installed, as unknown backend names are reported (the loader
+    calls it once the backends are loaded)."""
+    problems = RULES.load_environment()
+    keys = lambda op: set(op.kernel_types) | set(REGISTRY.kernel_types(op))  # noqa: E731
+    problems += [(p.split(" ", 1)[0], p) for p in RULES.unmatched(REGISTRY.known_ops, keys)]
+    if RULES.rules:
+        REGISTRY.bump()  # tables built before the rules were read must not stand
+    return [LoadFailure(origin, "operator setting", problem) for origin, problem in problems]
+
+
+LOADER.on_loaded(_check_operator_settings)

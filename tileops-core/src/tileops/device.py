@@ -4,7 +4,7 @@ Facts are read from the call's own device index, never the current device, and o
 dispatch miss. `simulating` lets tests and `explain` pretend a device exists: in the current
 thread or asyncio task only (a context variable), so a simulation never shows another thread a
 board it does not have, nor ends another thread's simulation. What dispatch selected under a
-simulation is kept apart from the process-wide selections (see control.ScopedHits) and dropped
+simulation is kept apart from the process-wide selections (see table.ScopedHits) and dropped
 when the simulation ends.
 """
 
@@ -51,6 +51,7 @@ Slot = tuple[str, int | None]
 
 _cache: dict[Slot, DeviceFacts] = {}
 _lock = threading.Lock()
+_start_listeners: list[Callable[[Simulation], None]] = []
 _end_listeners: list[Callable[[Simulation], None]] = []
 NO_SIMULATIONS: Mapping[torch.device, Simulation] = MappingProxyType({})
 SIMULATED: contextvars.ContextVar[Mapping[torch.device, Simulation]] = contextvars.ContextVar(
@@ -59,6 +60,12 @@ SIMULATED: contextvars.ContextVar[Mapping[torch.device, Simulation]] = contextva
 """The simulations in force in this thread or task, keyed by every spelling of their device
 (`cuda` and `cuda:0` alike), so that a lookup needs no normalising: usually empty. Each value
 set is a new dict, never changed afterwards (a plain dict: hits in a simulation read it)."""
+
+
+def on_simulation_start(listener: Callable[[Simulation], None]) -> None:
+    """Call `listener(simulation)` when a simulation starts: while it lasts, hits must consult
+    their context (scope.py counts it)."""
+    _start_listeners.append(listener)
 
 
 def on_simulation_end(listener: Callable[[Simulation], None]) -> None:
@@ -107,13 +114,12 @@ def _read(slot: Slot) -> DeviceFacts:
 def simulating(simulation: Simulation) -> Iterator[Simulation]:
     """Inside the block, in this context only, `simulation` stands in for its device's facts
     (shadowing an outer simulation of the same device, which returns on exit)."""
-    from .control import SCOPES  # control reads this module's context; it loads first
-
     spellings = dict.fromkeys(_spellings(simulation.device), simulation)
     token = SIMULATED.set({**SIMULATED.get(), **spellings})
     try:
-        with SCOPES.counted():  # while it lasts, hits consult their context
-            yield simulation
+        for listener in _start_listeners:
+            listener(simulation)
+        yield simulation
     finally:
         SIMULATED.reset(token)
         for listener in _end_listeners:

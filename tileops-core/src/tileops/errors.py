@@ -2,13 +2,47 @@
 
 Each message says what happened, why, and what to do. Dispatch errors also mention recorded
 backend load failures, because a missing kernel is often a backend that failed to import.
+Errors about a dispatch, a kernel, a target or a registration also carry what they are about
+as fields (as pluggy's errors carry `.plugin`), so code reads them instead of the message.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+FIELDS = ("op", "interface", "call", "key", "source", "target", "verdicts")
+
 
 class TileOpsError(Exception):
-    """Base of every tileops error."""
+    """Base of every tileops error.
+
+    Fields, None (`verdicts`: empty) where they do not apply:
+
+    - `op`: the op's unique name (`tileops::RMSNormFwdOp`);
+    - `interface`: the kernel interface;
+    - `call`: the call spec of the call concerned;
+    - `key`: the kernel key concerned (the one that failed, or that a registration names);
+    - `source`: the distribution (and entry point) of that key, target or registration;
+    - `target`: the target concerned;
+    - `verdicts`: every key's verdict on the call, in key order (`status` is one of denied,
+      unavailable, refused, outranked, tied, chosen; `reason` says why; `source` as above).
+    """
+
+    op: str | None = None
+    interface: str | None = None
+    call: Any = None
+    key: str | None = None
+    source: str | None = None
+    target: str | None = None
+    verdicts: tuple[Any, ...] = ()
+
+    def __init__(self, *args: Any, **fields: Any) -> None:
+        super().__init__(*args)
+        for name, value in fields.items():
+            if name not in FIELDS:
+                raise TypeError(f"{type(self).__name__} has no field {name!r}; fields: {FIELDS}")
+            if value is not None:
+                setattr(self, name, str(value) if name == "source" else value)
 
 
 class BackendError(TileOpsError):

@@ -9,13 +9,14 @@ written that way is never chosen). `explain`, `doctor` and `audit` all report th
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
-from .backend.plugins import LOADER
-from .backend.registry import REGISTRY
 from .errors import KernelDeclarationError
 from .kernel import Kernel
+from .plugins import LOADER
+from .registry import REGISTRY
 from .selection import Candidate
 
 
@@ -94,10 +95,9 @@ def backend_devices(source: str) -> tuple[str, ...] | None:
     return None
 
 
-def installed_hints() -> Iterator[Hint]:
-    """Every hint over every op and interface installed in this process."""
-    from .table import table_for  # table imports explain, which imports this module
-
+def installed_hints(table_for: Callable[[type], Any]) -> Iterator[Hint]:
+    """Every hint over every op and interface installed in this process; `table_for(op_cls)`
+    gives an op class's table (table.py, a layer above this module)."""
     LOADER.ensure_loaded()
     for name in sorted(REGISTRY.known_ops):
         op_cls = REGISTRY.known_ops[name]

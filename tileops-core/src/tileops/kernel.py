@@ -20,7 +20,7 @@ from .errors import KernelDeclarationError
 from .requirements import Requirements
 
 if TYPE_CHECKING:
-    from .call import CallSpec
+    from .callspec import CallSpec
 
 Build = Callable[[], Callable[..., Any]]
 _SET_DECLARATIONS = ("devices", "supported_archs", "preferred_over")

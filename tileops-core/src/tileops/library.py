@@ -13,18 +13,16 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .autocast import castable
-from .backend.registry import REGISTRY
 from .backward import backward_of
 from .errors import OpDefinitionError, OpInputError, add_note
+from .op import Op
+from .registry import REGISTRY
 from .table import ENTRY_LIMIT, remember
-
-if TYPE_CHECKING:
-    from .op import Op
 
 _LIBRARIES: dict[str, torch.library.Library] = {}
 _OPERATORS: dict[type, Any] = {}
@@ -99,6 +97,9 @@ def call_operator(op: Op, tensors: Sequence[torch.Tensor | None]) -> Any:
     """Call `op` through its operator: what tracing, autograd and autocast see."""
     params = op.params()
     return operator(type(op))(*tensors, *params.values(), op.target)
+
+
+Op._through_operator = call_operator  # the route Op.__call__ takes under compile, autocast, grad
 
 
 def instance(op_cls: type[Op], params: dict[str, Any], target: str | None) -> Op:

@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .cases import Case
 from .control import pinned
 from .errors import NoImplementationError
 from .op import Op
+from .samples import Case
 from .signature import FLOAT_DTYPES
 from .table import table_for
 

@@ -7,7 +7,7 @@ People read the `tileops.dispatch` logger: `TILEOPS_LOG=dispatch` prints one lin
 on stderr (configuring the logger at INFO does the same; DEBUG adds every build and its time).
 A name that is no log is reported in `tileops.backend.load_failures()` when the backends load.
 Programs implement the pluggy hooks `tileops_dispatch_decided` and `tileops_entry_built`
-(declared in `tileops.backend.plugins.BackendHooks`) with `tileops.backend.hookimpl`, in a
+(declared in `tileops.plugins.BackendHooks`) with `tileops.backend.hookimpl`, in a
 backend module (loaded through its entry point) or in any object passed to `add_observer`.
 """
 
@@ -20,8 +20,8 @@ import time
 import warnings
 from typing import Any
 
-from .backend.plugins import LOADER
 from .errors import AmbiguousDispatchError, NoImplementationError, OpNotAvailableError
+from .plugins import LOADER
 from .selection import Candidate
 
 LOG_VARIABLE = "TILEOPS_LOG"

@@ -6,32 +6,24 @@ The op's own path is `forward`, which picks a kernel interface by semantics and 
 
 from __future__ import annotations
 
-import inspect
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
 
-from . import library
 from .autocast import agreeing, autocast_policy
-from .backend.plugins import LOADER, failure_note
-from .backend.registry import BUILTIN, REGISTRY
-from .call import CallSpec, check_fields
-from .cases import Case
-from .control import SCOPES, current_variant
-from .errors import (
-    AmbiguousTargetError,
-    BackendError,
-    OpInputError,
-    OpNotAvailableError,
-    UnknownTargetError,
-    add_note,
-)
-from .explain import Explanation
+from .callspec import CallSpec, check_fields
+from .errors import BackendError, OpInputError, add_note
+from .explanation import Explanation
 from .kernel import Kernel, KernelInterface
-from .signature import BoundCall, ShapePlan, Signature, TensorSpec
-from .table import HIT_LIMIT, KernelTable, remember, table_for
+from .plugins import LOADER
+from .registry import BUILTIN, REGISTRY
+from .samples import Case
+from .scope import SCOPES, current_variant
+from .signature import BoundCall, ShapePlan, Signature
+from .table import KernelTable, table_for
+from .targets import choose_target, describe, result_of, run_target
 
 _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
 _deterministic = torch._C._get_deterministic_algorithms
@@ -51,17 +43,15 @@ class Op:
     signature: Signature | None = None  # None: called straight through to forward
     op_name: ClassVar[str]
     _checks: ClassVar[bool] = False
-
-    _entries: ClassVar[dict[tuple, Any]]
-    _entries_lock: ClassVar[threading.Lock]
-    _entry_locks: ClassVar[dict[tuple, threading.Lock]]
+    _through_operator: ClassVar[Callable[..., Any]]
+    """`op._through_operator(tensors)` calls the op through its torch.library operator (what
+    tracing, autocast and autograd see); library.py installs it."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.op_name = f"{cls.__dict__.get('namespace', cls.__module__)}::{cls.__qualname__}"
         cls._checks = cls.check is not Op.check  # most ops add no checks: skip the call
         REGISTRY.add_op(cls)
-        cls._entries, cls._entry_locks, cls._entries_lock = {}, {}, threading.Lock()
 
     def __init__(self, *, target: str | None = None) -> None:
         if target is not None and not isinstance(target, str):
@@ -69,11 +59,16 @@ class Op:
         LOADER.ensure_loaded()
         self.target = target
         self._table: KernelTable = table_for(type(self))
-        SCOPES.attach(self)  # sets _hits: the cache a hit reads (see control.Scopes)
+        SCOPES.attach(self)  # points _hits, the cache a hit reads (see scope.Scopes)
         self._settled: str | None = None
         self._settle_lock = threading.Lock()
         self._target_kernels: dict[tuple, Callable[..., Any]] = {}
         self._target_lock = threading.Lock()
+
+    def _point_hits(self, scoped: bool) -> None:
+        """Read hits from the table's plain cache, or, while some pin, record or simulation is
+        active anywhere, from a reader consulting the caller's context (scope.Scopes calls it)."""
+        self._hits = self._table.hits_for(scoped)
 
     # -- the op's own kernels ----------------------------------------------------------------
     def kernel_for(self, interface: str, call: CallSpec) -> Callable[..., Any]:
@@ -134,15 +129,16 @@ class Op:
     def _broken_output(
         self, interface: str, call: CallSpec, out: Any, shape: torch.Size, dtype: torch.dtype
     ) -> BackendError:
-        expected = _describe(True, dtype, shape, call.device)
+        expected = describe(True, dtype, shape, call.device)
         if isinstance(out, torch.Tensor):
-            got = _describe(out.is_contiguous(), out.dtype, out.shape, out.device)
+            got = describe(out.is_contiguous(), out.dtype, out.shape, out.device)
         else:
             got = f"{type(out).__name__} {out!r}"[:120]
         return BackendError(
             f"Output of {self._table.serving(interface, call)} is wrong: it returned {got}, but "
             f"the interface's layout contract expects {expected}. Fix the kernel, or refuse such "
-            "calls in its refusal()."
+            "calls in its refusal().",
+            **self._table.serving_fields(interface, call),
         )
 
     def explain(self, interface: str, call: CallSpec) -> Explanation:
@@ -165,11 +161,11 @@ class Op:
         # and autograd go through it; others run eagerly as they are.
         if torch.compiler.is_compiling() and self.signature.param_types is not None:
             tensors = self.signature.parse(type(self).op_name, args, kwargs)
-            return library.call_operator(self, tensors)  # Dynamo sees one node, never our locks
+            return self._through_operator(tensors)  # Dynamo sees one node, never our locks
         if _is_any_autocast_enabled() and self.signature.param_types is not None:
             tensors = self.signature.parse(type(self).op_name, args, kwargs)
             self.check_uncast(tensors)  # before autocast probes or casts anything
-            return library.call_operator(self, tensors)
+            return self._through_operator(tensors)
         plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
         call = self.signature.bind(type(self).op_name, args, kwargs, plan)
         if (
@@ -177,7 +173,7 @@ class Op:
             and torch.is_grad_enabled()
             and self.signature.param_types is not None
         ):
-            return library.call_operator(self, call.tensors)
+            return self._through_operator(call.tensors)
         if self._settled is BUILTIN and not self._checks and not call.written_empty:
             return self.forward(*call.tensors)  # the common case, one call shorter
         return self._execute(call)
@@ -222,7 +218,7 @@ class Op:
         if self._checks:
             self.check(call)
         if call.written_empty:
-            return self._result(self.signature.make_outputs(call))
+            return result_of(self.signature.make_outputs(call))
         if self._settled is BUILTIN:
             return self.forward(*call.tensors)
         if self._settled is None:
@@ -249,7 +245,7 @@ class Op:
         with self._settle_lock:
             if self._settled is not None:
                 return self._run(self._settled, call)
-            target = self._choose_target(call.device)
+            target = choose_target(self, call.device)
             result = self._run(target, call)  # a failure leaves the op unsettled
             self._settled = target
             return result
@@ -257,195 +253,4 @@ class Op:
     def _run(self, target: str, call: BoundCall) -> Any:
         if target == BUILTIN:
             return self.forward(*call.tensors)
-        return self._run_target(target, call)
-
-    def _result(self, outputs: dict[str, torch.Tensor]) -> Any:
-        values = tuple(outputs.values())
-        return values[0] if len(values) == 1 else values
-
-    # -- targets -----------------------------------------------------------------------------
-    def _choose_target(self, device: torch.device) -> str:
-        LOADER.ensure_loaded()  # settles backends imported directly since (see plugins.py)
-        name = self.target or REGISTRY.default_target
-        if name == BUILTIN:
-            return BUILTIN
-        if name is not None:
-            known = REGISTRY.targets()
-            if name not in known:
-                raise UnknownTargetError(
-                    f"{type(self).op_name}: unknown target {name!r}; known targets: "
-                    f"{', '.join(known) or 'none'} (and {BUILTIN!r} for the op's own kernels). "
-                    f"{failure_note()}".rstrip()
-                )
-            return name
-        claims = [d for t, d in sorted(REGISTRY.detectors.items()) if d.claims(device)]
-        if len(claims) > 1:
-            raise AmbiguousTargetError(
-                f"{type(self).op_name}: several targets claim {device}: "
-                + ", ".join(f"{d.target!r} ({d.source})" for d in claims)
-                + "; pass target= to the op or call tileops.backend.set_default_target()"
-            )
-        return claims[0].target if claims else BUILTIN
-
-    def _run_target(self, target: str, call: BoundCall) -> Any:
-        op = type(self).op_name
-        builder = REGISTRY.builder(type(self), target)
-        if builder is None:
-            raise _no_builder(self, target, call.device)
-        inputs = self._target_inputs(call)
-        key = (
-            target,
-            call.device,
-            tuple(None if t is None else (t.dtype, t.shape) for t in inputs),
-        )
-        built = self._target_kernels.get(key)
-        if built is None:
-            built = self._build_target_kernel(builder, key, inputs)
-        kernel, names_outputs = built
-        outputs = self.signature.make_outputs(call)
-        try:
-            returned = kernel(*inputs, **outputs)
-        except Exception as exc:
-            add_note(exc, f"raised by the kernel of target {target!r} [{builder.source}] for {op}")
-            raise
-        if returned is None and names_outputs:  # it wrote the buffers it takes by name
-            return self._result(outputs)
-        where = f"the kernel of target {target!r} [{builder.source}] for {op}"
-        named_inputs = dict(zip(self.signature.names, inputs, strict=True))
-        return self._result(_returned_outputs(where, returned, outputs, named_inputs))
-
-    def _build_target_kernel(
-        self, builder: Any, key: tuple, inputs: tuple[torch.Tensor | None, ...]
-    ) -> tuple[Callable[..., Any], bool]:
-        """The kernel built for `key`, and whether its signature names every output buffer
-        (what lets a None it returns mean "written", see `_returned_outputs`)."""
-        with self._target_lock:
-            built = self._target_kernels.get(key)
-            if built is None:
-                specs = [None if t is None else TensorSpec.of(t) for t in inputs]
-                try:
-                    kernel = builder.build_kernel(*specs, **self.params())
-                except Exception as exc:
-                    note = f"raised by build_kernel of target {builder.target!r} [{builder.source}]"
-                    add_note(exc, f"{note} for {builder.op.op_name} on {specs}")
-                    raise
-                names = [out.name for out in self.signature.outputs]
-                built = kernel, _names_every_output(kernel, names)
-                remember(self._target_kernels, key, built, HIT_LIMIT)
-            return built
-
-    def _target_inputs(self, call: BoundCall) -> tuple[torch.Tensor | None, ...]:
-        """Inputs as a target sees them: those the op does not write made contiguous (written
-        ones that must be contiguous were checked by the signature)."""
-        return tuple(
-            t if t is None or spec.written else t.contiguous()
-            for spec, t in zip(self.signature.inputs, call.tensors, strict=True)
-        )
-
-
-def _names_every_output(kernel: Callable[..., Any], names: list[str]) -> bool:
-    """Whether `kernel` takes each output buffer by its name: only then is a None it returns
-    taken to mean it wrote them. One that takes them through `**kwargs` alone may never look at
-    them, and a buffer it did not write is uninitialised memory; nothing after the call can
-    tell (a GPU kernel writes memory torch does not see). An unreadable signature names none."""
-    try:
-        parameters = inspect.signature(kernel).parameters
-    except (TypeError, ValueError):
-        return False
-    by_name = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return all(n in parameters and parameters[n].kind in by_name for n in names)
-
-
-def _returned_outputs(
-    where: str, returned: Any, buffers: dict[str, torch.Tensor], inputs: dict[str, Any]
-) -> dict[str, torch.Tensor]:
-    """The outputs a target kernel returned, in place of the buffers it was handed: a tensor
-    (a tuple of them, in signature order, for several outputs), each of its buffer's shape,
-    dtype and device, contiguous, and sharing no memory with an input."""
-    names = list(buffers)
-    if returned is None:
-        raise BackendError(
-            f"{where} returned None, but takes its output buffers ({', '.join(names)}) only "
-            "through **kwargs (or has a signature Python cannot read), so nothing says it wrote "
-            f"them: return the result, or name {', '.join(names)} as parameters of the kernel "
-            "(`def kernel(x, *, out)`) and write them in place"
-        )
-    results = (returned,) if len(names) == 1 else returned
-    if not (
-        isinstance(results, tuple)
-        and len(results) == len(names)
-        and all(isinstance(r, torch.Tensor) for r in results)
-    ):
-        expected = "a tensor" if len(names) == 1 else f"a tuple of {len(names)} tensors"
-        raise BackendError(
-            f"{where} returned {_shown(returned)}; expected None (having written "
-            f"{', '.join(names)} in place) or {expected} ({', '.join(names)})"
-        )
-    for name, result in zip(names, results, strict=True):
-        if result is not buffers[name]:
-            _check_returned(where, name, result, buffers[name], inputs)
-    return dict(zip(names, results, strict=True))
-
-
-def _check_returned(
-    where: str, name: str, result: torch.Tensor, buffer: torch.Tensor, inputs: dict[str, Any]
-) -> None:
-    if not (
-        result.shape == buffer.shape
-        and result.dtype == buffer.dtype
-        and result.device == buffer.device
-        and result.is_contiguous()
-    ):
-        got = _describe(result.is_contiguous(), result.dtype, result.shape, result.device)
-        expected = _describe(True, buffer.dtype, buffer.shape, buffer.device)
-        raise BackendError(
-            f"{where} returned for output {name!r} {got}, but the op's signature expects "
-            f"{expected} (the buffer it was handed)"
-        )
-    storage = _storage(result)
-    shared = [n for n, t in inputs.items() if t is not None and _storage(t) == storage]
-    if storage and shared:
-        raise BackendError(
-            f"{where} returned for output {name!r} a tensor sharing memory with its input "
-            f"{shared[0]!r}; return a new tensor, or write the output buffer it was handed"
-        )
-
-
-def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr()
-
-
-def _shown(value: Any) -> str:
-    return f"{type(value).__name__} {value!r}"[:120]
-
-
-def _describe(contiguous: bool, dtype: torch.dtype, shape: Any, device: torch.device) -> str:
-    layout = "contiguous" if contiguous else "non-contiguous"
-    return (
-        f"a {layout} {str(dtype).replace('torch.', '')} tensor of shape {list(shape)} on {device}"
-    )
-
-
-def _no_builder(op: Op, target: str, device: torch.device) -> OpNotAvailableError:
-    """The error of a call settled on a target that cannot build the op: who owns the target,
-    why the op settled there, and the two ways out."""
-    name = type(op).op_name
-    default, detector = REGISTRY.default, REGISTRY.detectors.get(target)
-    if op.target == target:
-        why = f"the op was constructed with target={target!r}"
-    elif default is not None and default.target == target:
-        why = f"it is the process default, set by {default.source}"
-    elif detector is not None:
-        why = f"its detector claims {device}"
-    else:
-        why = "the op settled on it on an earlier call, and keeps it"
-    owners = [str(detector.source)] if detector else []
-    owners += [str(b.source) for b in REGISTRY.builders() if b.target == target]
-    owner = f" ({owners[0]})" if owners else ""
-    return OpNotAvailableError(
-        f"{name} settled on target {target!r}{owner}, which registered no kernel builder for "
-        f"{name}: {why}. There is no fall-back to other kernels: construct the op with "
-        f"target={BUILTIN!r} (its own kernels) or another target, or change the process default "
-        f"with tileops.backend.set_default_target(...) (BUILTIN, or a target that builds {name})."
-        f" {failure_note()}".rstrip()
-    )
+        return run_target(self, target, call)

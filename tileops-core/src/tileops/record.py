@@ -2,7 +2,7 @@
 by op, interface, call spec, key and distribution; `r.summary()` prints a table per op.
 
 While no record (or pin) is active anywhere, op instances read their plain hit cache, so the
-hit path costs what it costs without this module (see control.Scopes).
+hit path costs what it costs without this module (see scope.Scopes).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .call import CallSpec
+from .callspec import CallSpec
+from .scope import SCOPE, SCOPES
 
 if TYPE_CHECKING:
     from .table import KernelTable
@@ -76,8 +77,6 @@ def _short(call: CallSpec) -> str:
 @contextlib.contextmanager
 def record() -> Iterator[Record]:
     """Count every op call inside the block (in this thread or task)."""
-    from .control import SCOPES
-
     collected = Record()
     with SCOPES.enter(records=(collected,)):
         yield collected
@@ -85,9 +84,7 @@ def record() -> Iterator[Record]:
 
 def record_call(table: KernelTable, interface: str, call: CallSpec, key: str | None) -> None:
     """Count one call in the records of the current context, if any."""
-    from .control import _scope
-
-    scope = _scope.get()
+    scope = SCOPE.get()
     if scope is None or not scope.records or key is None:
         return
     fields = (table.op, interface, call, key, table.sources[interface][key])

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .call import CallSpec
+from .callspec import CallSpec
 from .errors import (
     AmbiguousDispatchError,
     BackendError,
@@ -99,20 +99,25 @@ class Judgement:
     def error(self, notes: Iterable[str] = ()) -> Exception:
         """The exception that dispatching this call must raise (only when there is no winner)."""
         tail = "".join(f"\n{note}" for note in notes if note)
+        fields = {"op": self.op, "interface": self.interface, "call": self.call}
+        fields["verdicts"] = self.verdicts
         if not self.device_served:
             return OpNotAvailableError(
                 f"{self.op}.{self.interface}: the installed kernels do not run on "
-                f"{self.call.device.type!r}.\n{self.text()}{tail}"
+                f"{self.call.device.type!r}.\n{self.text()}{tail}",
+                **fields,
             )
         tied = [v for v in self.verdicts if v.status == TIED]
         if tied:
             return AmbiguousDispatchError(
                 f"{self.op}.{self.interface}: dispatch is ambiguous between "
                 f"{', '.join(f'{v.key!r} [{v.source}]' for v in tied)}; none is preferred over "
-                f"the others. {self._ways_out(tied)}\n{self.text()}{tail}"
+                f"the others. {self._ways_out(tied)}\n{self.text()}{tail}",
+                **fields,
             )
         return NoImplementationError(
-            f"{self.op}.{self.interface}: no implementation serves this call.\n{self.text()}{tail}"
+            f"{self.op}.{self.interface}: no implementation serves this call.\n{self.text()}{tail}",
+            **fields,
         )
 
 
@@ -194,7 +199,7 @@ def judge(
             _denial(cand, policy)
             or unavailability(cand.cls, call)
             or _nondeterminism(cand, policy)
-            or _refusal(op, cand, call)
+            or _refusal(op, interface, cand, call)
         )
         if reason:
             verdicts[cand.key] = Verdict(cand.key, *reason, cand.source)
@@ -257,13 +262,16 @@ def unavailability(cls: type[Kernel], call: CallSpec) -> tuple[str, str] | None:
     return None if unmet is None else (UNAVAILABLE, unmet)
 
 
-def _refusal(op: str, cand: Candidate, call: CallSpec) -> tuple[str, str] | None:
+def _refusal(op: str, interface: str, cand: Candidate, call: CallSpec) -> tuple[str, str] | None:
+    fields = {"op": op, "interface": interface, "call": call, "key": cand.key}
     try:
         reason = cand.cls.refusal(call)
     except Exception as exc:
         raise BackendError(
             f"{op}: refusal() of kernel {cand.key!r} [{cand.source}] raised "
-            f"{type(exc).__name__}: {exc}; a refusal must return None or a sentence"
+            f"{type(exc).__name__}: {exc}; a refusal must return None or a sentence",
+            source=cand.source,
+            **fields,
         ) from exc
     if reason is None:
         return None
@@ -271,7 +279,9 @@ def _refusal(op: str, cand: Candidate, call: CallSpec) -> tuple[str, str] | None
         raise KernelDeclarationError(
             f"{op}: refusal() of kernel {cand.key!r} ({cand.cls.__qualname__} from "
             f"{cand.source}) returned {reason!r} for {call!r}; a refusal must return None "
-            "(serves the call) or a non-empty sentence saying why it does not"
+            "(serves the call) or a non-empty sentence saying why it does not",
+            source=cand.source,
+            **fields,
         )
     return REFUSED, reason
 

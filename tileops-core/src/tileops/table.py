@@ -19,15 +19,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import observe
-from .backend.plugins import distributions_serving, failure_note
-from .backend.registry import REGISTRY
-from .call import CallSpec, check_fields
-from .candidates import candidates_of
-from .control import RULES, Scope, Variant, current_pin, current_variant, strict
-from .device import SIMULATED, Simulation, on_simulation_end
+from .callspec import CallSpec, check_fields
+from .control import RULES, strict
+from .device import NO_SIMULATIONS, SIMULATED, Simulation, on_simulation_end
 from .errors import BackendError, KernelDeclarationError, NoImplementationError, add_note
-from .explain import Explanation
+from .explanation import Explanation
+from .kernel_sets import candidates_of
+from .plugins import distributions_serving, failure_note
 from .record import record_call
+from .registry import REGISTRY
+from .scope import SCOPE, Scope, Variant, current_pin, current_variant
 from .selection import REFUSED, Candidate, Judgement, Policy, find_cycle, judge, outranking
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ class KernelTable:
         self.scoped: dict[Variant, tuple[dict, dict]] = {}
         self.fallbacks_seen: dict[tuple, None] = {}  # (interface, call, simulation); bounded
         self.fallback_log = FallbackLog(self.op)
+        self.shared = shared_entries(op_cls)
         _live_tables.add(self)
 
     @property
@@ -83,6 +85,12 @@ class KernelTable:
     def keys(self) -> dict:
         return self.modes[False][1]
 
+    def hits_for(self, scoped: bool) -> dict | ScopedHits:
+        """What an op's hits read: the plain cache of the current determinism mode, or, while
+        some pin, record or simulation is active anywhere (`scoped`), a reader that consults the
+        caller's context (see scope.Scopes)."""
+        return ScopedHits(self) if scoped else self.modes[deterministic_mode()][0]
+
     def _outranking(self, interface: str, cands: tuple[Candidate, ...]) -> dict:
         edges = self.rules[interface].edges
         cycle = find_cycle(cands, edges)
@@ -90,7 +98,9 @@ class KernelTable:
             origins = sorted({edges[e] for e in zip(cycle, cycle[1:], strict=False) if e in edges})
             raise KernelDeclarationError(
                 f"{self.op}.{interface}: the operator's preferences ({', '.join(origins)}) and "
-                f"the kernels' preferred_over form a cycle: {' -> '.join(cycle)}; drop one"
+                f"the kernels' preferred_over form a cycle: {' -> '.join(cycle)}; drop one",
+                op=self.op,
+                interface=interface,
             )
         return outranking(cands, edges)
 
@@ -132,7 +142,7 @@ class KernelTable:
             observe.decided(self.op, interface, call, None, exc)
             raise
         observe.decided(self.op, interface, call, winner, None)
-        entry = _shared_entry(self.op_cls, interface, winner, call)
+        entry = self.shared.entry(self.op, interface, winner, call)
         asked, det = current_variant(self.op_cls, interface, call), deterministic_mode()
         if asked is None:
             remember(self.modes[det][0], (interface, call), entry, HIT_LIMIT)
@@ -177,7 +187,15 @@ class KernelTable:
             f"{call!r}; the specialised kernels refused it: {reasons}"
         )
         if strict():
-            raise NoImplementationError(f"TILEOPS_STRICT is on: {message}")
+            raise NoImplementationError(
+                f"TILEOPS_STRICT is on: {message}",
+                op=self.op,
+                interface=judgement.interface,
+                call=call,
+                key=winner.key,
+                source=winner.source,
+                verdicts=judgement.verdicts,
+            )
         # A simulation's fallbacks are its own: they must not silence the real device's.
         seen = (judgement.interface, call, SIMULATED.get().get(call.device))
         if seen not in self.fallbacks_seen:
@@ -189,6 +207,12 @@ class KernelTable:
         winner = self.judge(interface, call).winner
         key = f"kernel {winner.key!r} [{winner.source}]" if winner else "no kernel"
         return f"{key} serving {self.op}.{interface} for {call!r}"
+
+    def serving_fields(self, interface: str, call: CallSpec) -> dict[str, Any]:
+        """The error fields naming the kernel that serves `call` (see errors.TileOpsError)."""
+        winner = self.judge(interface, call).winner
+        key, source = (winner.key, winner.source) if winner else (None, None)
+        return {"op": self.op, "interface": interface, "call": call, "key": key, "source": source}
 
     def explain(self, interface: str, call: CallSpec) -> Explanation:
         judgement = self.judge(interface, call, pin=current_pin(self.op_cls, interface))
@@ -253,42 +277,75 @@ def remember(cache: dict, key: Any, value: Any, limit: int) -> None:
     cache[key] = value
 
 
-def _shared_entry(op_cls: type[Op], interface: str, winner: Candidate, call: CallSpec) -> Any:
-    where = f"building kernel {winner.key!r} [{winner.source}] for {op_cls.op_name}.{interface}"
-    try:
-        identity, build = winner.cls.entry_for(call)
-    except Exception as exc:
-        add_note(exc, f"raised by entry_for() while {where} for {call!r}")
-        raise
-    try:
-        slot = (interface, winner.cls, identity)
-        entry = op_cls._entries.get(slot)
-    except TypeError as exc:
-        raise BackendError(
-            f"{op_cls.op_name}: kernel {winner.key!r} [{winner.source}] returned an unhashable "
-            f"build identity {identity!r} from entry_for(); use a tuple of hashable values"
-        ) from exc
-    if entry is not None:
+class SharedEntries:
+    """The built entries of one op class, shared by every table of it (every registry
+    generation), keyed by (interface, kernel class, build identity); a lock per identity being
+    built, so concurrent misses on one call build once and different builds never wait."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple, Any] = {}
+        self.locks: dict[tuple, threading.Lock] = {}
+        self.lock = threading.Lock()  # guards `locks`
+
+    def entry(self, op: str, interface: str, winner: Candidate, call: CallSpec) -> Any:
+        """The entry `winner` builds for `call`: reused, or built once and kept."""
+        where = f"building kernel {winner.key!r} [{winner.source}] for {op}.{interface}"
+        try:
+            identity, build = winner.cls.entry_for(call)
+        except Exception as exc:
+            add_note(exc, f"raised by entry_for() while {where} for {call!r}")
+            raise
+        try:
+            slot = (interface, winner.cls, identity)
+            entry = self.entries.get(slot)
+        except TypeError as exc:
+            raise BackendError(
+                f"{op}: kernel {winner.key!r} [{winner.source}] returned an unhashable "
+                f"build identity {identity!r} from entry_for(); use a tuple of hashable values",
+                op=op,
+                interface=interface,
+                call=call,
+                key=winner.key,
+                source=winner.source,
+            ) from exc
+        if entry is not None:
+            return entry
+        with self.lock:
+            lock = self.locks.setdefault(slot, threading.Lock())
+        seconds = None
+        with lock:
+            entry = self.entries.get(slot)
+            if entry is None:
+                started = observe.clock()
+                try:
+                    entry = build()
+                except Exception as exc:
+                    add_note(exc, f"raised while {where} (build identity {identity!r})")
+                    raise
+                seconds = observe.clock() - started
+                remember(self.entries, slot, entry, ENTRY_LIMIT)
+        with self.lock:
+            self.locks.pop(slot, None)
+        if seconds is not None:  # reported once per build, outside the lock other threads wait on
+            observe.built(op, interface, winner, identity, seconds)
         return entry
-    with op_cls._entries_lock:
-        lock = op_cls._entry_locks.setdefault(slot, threading.Lock())
-    seconds = None
-    with lock:
-        entry = op_cls._entries.get(slot)
-        if entry is None:
-            started = observe.clock()
-            try:
-                entry = build()
-            except Exception as exc:
-                add_note(exc, f"raised while {where} (build identity {identity!r})")
-                raise
-            seconds = observe.clock() - started
-            remember(op_cls._entries, slot, entry, ENTRY_LIMIT)
-    with op_cls._entries_lock:
-        op_cls._entry_locks.pop(slot, None)
-    if seconds is not None:  # reported once per build, outside the lock other threads wait on
-        observe.built(op_cls.op_name, interface, winner, identity, seconds)
-    return entry
+
+
+class ScopedHits:
+    """Stands in for an op's hit cache while some pin, record or device simulation is active in
+    the process: a hit then consults the current context's (and the plain cache when it has
+    none of them)."""
+
+    def __init__(self, table: KernelTable) -> None:
+        self.table = table
+
+    def get(self, key: tuple) -> Any:
+        table = self.table
+        det = torch._C._get_deterministic_algorithms()
+        scope, simulations = SCOPE.get(), SIMULATED.get()
+        if scope is None and simulations is NO_SIMULATIONS:
+            return table.modes[det][0].get(key)
+        return table.scoped_hit(key, scope, simulations, det)
 
 
 def deterministic_mode() -> bool:
@@ -299,16 +356,29 @@ def deterministic_mode() -> bool:
 def table_for(op_cls: type[Op]) -> KernelTable:
     """The table of `op_cls` for the current registrations, built on first need."""
     with _table_lock:
-        cached = op_cls.__dict__.get("_table_cache")
+        cached = _tables.get(op_cls)
         generation = REGISTRY.generation
         if cached is not None and cached[0] == generation:
             return cached[1]
         table = KernelTable(op_cls)
-        op_cls._table_cache = (generation, table)
+        _tables[op_cls] = (generation, table)
         return table
 
 
+def shared_entries(op_cls: type[Op]) -> SharedEntries:
+    """The built entries of `op_cls`, made on first need."""
+    with _shared_lock:
+        shared = _shared.get(op_cls)
+        if shared is None:
+            shared = _shared[op_cls] = SharedEntries()
+        return shared
+
+
+# Per op class, for the process, as the registry keeps the op classes themselves.
 _table_lock = threading.Lock()
+_tables: dict[type, tuple[int, KernelTable]] = {}  # op class -> (generation, its table)
+_shared_lock = threading.Lock()
+_shared: dict[type, SharedEntries] = {}
 _live_tables: weakref.WeakSet[KernelTable] = weakref.WeakSet()
 
 

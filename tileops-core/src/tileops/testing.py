@@ -11,13 +11,13 @@ from typing import Any
 import torch
 
 from .backend import register_kernel_type
-from .backend.plugins import LOADER
-from .backend.registry import BUILTIN, REGISTRY
-from .cases import Case
 from .device import DeviceFacts, Simulation, simulating
 from .kernel import Kernel
 from .op import Op
 from .ops._common import sample_case
+from .plugins import LOADER
+from .registry import BUILTIN, REGISTRY
+from .samples import Case
 
 __all__ = [
     "Case",

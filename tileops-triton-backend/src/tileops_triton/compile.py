@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
-from tileops.control import env_flag
+from tileops.backend import env_flag
 
 from .declare import INTERPRETING
 

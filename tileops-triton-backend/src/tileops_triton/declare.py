@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tileops import CallSpec
 from tileops.backend import key_serves
-from tileops.call import CallSpec
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 """Decided once, at import: Triton reads the variable when its kernels are first defined."""

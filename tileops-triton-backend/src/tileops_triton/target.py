@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from tileops.backend import TensorSpec
+from tileops.backend import RMS_NORM_DEFAULT_EPS, TensorSpec
 from tileops.errors import OpNotAvailableError
 from tileops.ops import (
     BatchNormCall,
@@ -26,7 +26,6 @@ from tileops.ops import (
     RMSNormCall,
     SoftmaxCall,
 )
-from tileops.ops.norm.rms_norm import DEFAULT_EPS
 
 from .declare import DEVICES, INTERPRETING, dtype_refusal
 from .gemm.kernels import TritonGemm
@@ -70,7 +69,7 @@ def build_rms_norm(
     eps: float | None,
 ) -> Callable[..., None]:
     n = _check(x, "RMSNormFwdOp", math.prod(normalized_shape))
-    eps = DEFAULT_EPS[x.dtype] if eps is None else eps
+    eps = RMS_NORM_DEFAULT_EPS[x.dtype] if eps is None else eps
     call = RMSNormCall(device=x.device, n=n, eps=eps, dtype=x.dtype, has_weight=weight is not None)
     kernel = _built(TritonRMSNorm, call)
 

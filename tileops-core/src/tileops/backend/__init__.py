@@ -8,26 +8,33 @@ from typing import Any
 
 import torch
 
-from ..call import CallSpec
-from ..candidates import check_registration
+from ..callspec import CallSpec
+from ..control import env_flag
 from ..errors import AmbiguousTargetError, BackendError, UnknownTargetError
+from ..kernel import Build
+from ..kernel_sets import check_registration
+from ..ops.norm.rms_norm import DEFAULT_EPS as RMS_NORM_DEFAULT_EPS
+from ..plugins import LOADER, PROTOCOL_VERSION, BackendInfo, LoadFailure, failure_note, hookimpl
 from ..provenance import caller_source
+from ..registry import BUILTIN, REGISTRY, Builder, Detector, Registration, RegistrationHandle
 from ..selection import unavailability
 from ..signature import TensorSpec
-from .plugins import LOADER, PROTOCOL_VERSION, BackendInfo, LoadFailure, failure_note, hookimpl
-from .registry import BUILTIN, REGISTRY, Builder, Detector, Registration
 
 __all__ = [
     "BUILTIN",
     "PROTOCOL_VERSION",
+    "RMS_NORM_DEFAULT_EPS",
     "AmbiguousTargetError",
     "BackendError",
     "BackendInfo",
+    "Build",
     "LoadFailure",
+    "RegistrationHandle",
     "TensorSpec",
     "UnknownTargetError",
     "backends",
     "default_target",
+    "env_flag",
     "hookimpl",
     "key_serves",
     "load_failures",
@@ -39,12 +46,14 @@ __all__ = [
 ]
 
 
-def register_kernel_type(op: type | str, key: str, cls: type) -> None:
+def register_kernel_type(op: type | str, key: str, cls: type) -> RegistrationHandle:
     """Add `cls` to `op` under `key`; op instances constructed afterwards can select it.
 
     The registration is checked whole before it lands (a kernel class implementing one of the
     op's interfaces, a key the op does not have, preferences without cycles), so a broken one
-    fails here, in the backend that made it, and never at a later op construction.
+    fails here, in the backend that made it, and never at a later op construction. The handle
+    returned undoes it (`.remove()`, or the end of a `with` block) for op instances
+    constructed afterwards.
     """
     LOADER.ensure_loaded(wait=False)
     op_cls = REGISTRY.op_class(op)
@@ -58,38 +67,47 @@ def register_kernel_type(op: type | str, key: str, cls: type) -> None:
         if key in registered:
             raise _key_taken(registration, registered[key])
         check_registration(op_cls, registration, registered)
-        REGISTRY.add(("kernel", op_cls, key), registration, partial(_key_taken, registration))
+        return REGISTRY.add(
+            ("kernel", op_cls, key), registration, partial(_key_taken, registration)
+        )
 
 
 def _key_taken(new: Registration, existing: Registration) -> BackendError:
     return BackendError(
         f"kernel key {new.key!r} of {new.op.op_name} is registered twice: by {existing.source} "
         f"({existing.cls.__qualname__}) and by {new.source} ({_qualname(new.cls)}); keys must be "
-        "unique per op, so one backend must rename its key"
+        "unique per op, so one backend must rename its key",
+        op=new.op.op_name,
+        key=new.key,
+        source=new.source,
     )
 
 
-def register_detector(target: str, detect: Callable[[torch.device], bool]) -> None:
-    """Declare target `target`; `detect(device)` says whether it claims a device."""
+def register_detector(target: str, detect: Callable[[torch.device], bool]) -> RegistrationHandle:
+    """Declare target `target`; `detect(device)` says whether it claims a device. The handle
+    returned undoes it."""
     LOADER.ensure_loaded(wait=False)
     _check_target_name(target)
     if not callable(detect):
         raise BackendError(f"register_detector: detect must be callable, got {detect!r}")
     detector = Detector(target, detect, caller_source())
-    REGISTRY.add(
+    return REGISTRY.add(
         ("detector", target),
         detector,
         lambda existing: BackendError(
             f"target {target!r} already has a detector, registered by {existing.source}; "
-            f"{detector.source} cannot register a second one"
+            f"{detector.source} cannot register a second one",
+            target=target,
+            source=detector.source,
         ),
     )
 
 
 def register_kernel_builder(
     op: type | str, target: str, build_kernel: Callable[..., Callable[..., Any]]
-) -> None:
-    """Serve every call of `op` instances settled on `target` with kernels from `build_kernel`."""
+) -> RegistrationHandle:
+    """Serve every call of `op` instances settled on `target` with kernels from `build_kernel`.
+    The handle returned undoes it."""
     LOADER.ensure_loaded(wait=False)
     op_cls = REGISTRY.op_class(op)
     _check_target_name(target)
@@ -98,12 +116,15 @@ def register_kernel_builder(
             f"register_kernel_builder: build_kernel must be callable, got {build_kernel!r}"
         )
     builder = Builder(op_cls, target, build_kernel, caller_source())
-    REGISTRY.add(
+    return REGISTRY.add(
         ("builder", op_cls, target),
         builder,
         lambda existing: BackendError(
             f"target {target!r} already has a builder for {op_cls.op_name}, registered by "
-            f"{existing.source}; {builder.source} cannot register another"
+            f"{existing.source}; {builder.source} cannot register another",
+            op=op_cls.op_name,
+            target=target,
+            source=builder.source,
         ),
     )
 
@@ -114,7 +135,8 @@ def set_default_target(target: str | None) -> None:
     if target is not None and target != BUILTIN and target not in REGISTRY.targets():
         raise UnknownTargetError(
             f"set_default_target: unknown target {target!r}; known targets: "
-            f"{', '.join(REGISTRY.targets()) or 'none'} (and {BUILTIN!r}). {failure_note()}"
+            f"{', '.join(REGISTRY.targets()) or 'none'} (and {BUILTIN!r}). {failure_note()}",
+            target=target,
         )
     REGISTRY.set_default_target(target, caller_source())
 

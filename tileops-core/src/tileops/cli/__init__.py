@@ -19,10 +19,10 @@ import sys
 from collections.abc import Sequence
 
 from ..errors import TileOpsError
-from . import audit, demo, doctor, explaining, listing, warmup
+from . import audit, demo, doctor, explain_command, listing, warmup
 from .output import Outcome
 
-COMMANDS = (listing, explaining, audit, doctor, warmup, demo)
+COMMANDS = (listing, explain_command, audit, doctor, warmup, demo)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,16 +28,16 @@ from typing import Any
 import torch
 
 from .. import hints, numerics
-from ..backend.plugins import LOADER
-from ..backend.registry import REGISTRY
-from ..call import CallSpec
+from ..callspec import CallSpec
 from ..device import DeviceFacts
 from ..errors import KernelDeclarationError
 from ..kernel import Kernel
+from ..plugins import LOADER
+from ..registry import REGISTRY
 from ..selection import TIED, Candidate, Judgement
 from ..signature import FLOAT_DTYPES
 from ..table import KernelTable, table_for
-from . import calls, claims, devices
+from . import claims, devices, probe
 from .output import Outcome
 
 BASES = (1, 64, 4096)
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> Outcome:
         audit_op(op_cls, targets, audit)
     selected = {op_cls.op_name for op_cls in op_classes}
     audit_claims(targets, selected, audit)
-    audit.notes += [str(h) for h in hints.installed_hints() if h.op in selected]
+    audit.notes += [str(h) for h in hints.installed_hints(table_for) if h.op in selected]
     return Outcome(render(audit, len(op_classes), targets), 1 if audit.findings else 0)
 
 
@@ -208,7 +208,7 @@ def judge(
 def probe_fields(call_cls: type[CallSpec], cands: Iterable[Candidate]) -> Iterator[dict]:
     """The field values of every probe call of `call_cls`, for kernels `cands`."""
     cands = list(cands)
-    types = calls.field_types(call_cls)
+    types = probe.field_types(call_cls)
     defaults = {
         f.name: f.default
         for f in dataclasses.fields(call_cls)

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..backend.registry import REGISTRY, Detector
 from ..device import DeviceFacts
 from ..errors import BackendError
+from ..registry import REGISTRY, Detector
 from . import devices
 
 Probed = list[tuple[torch.device, DeviceFacts | None]]

@@ -10,6 +10,7 @@ call on a simulated H200, to show the GPU kernels that would compete for it.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import statistics
 import time
 from collections.abc import Callable
@@ -17,12 +18,11 @@ from typing import Any
 
 import torch
 
-import tileops
-
 from .. import backend
-from ..backend.registry import BUILTIN, REGISTRY
+from ..errors import TileOpsError
 from ..op import Op
-from . import calls, devices, explaining
+from ..registry import BUILTIN, REGISTRY
+from . import devices, explain_command, probe
 from .output import Outcome, table
 
 RUNS: list[tuple[str, dict[str, Any], tuple[int, ...]]] = [
@@ -51,11 +51,12 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> Outcome:
-    device = explaining.parse_device(args.device or best_device())
+    device = explain_command.parse_device(args.device or best_device())
     check_runnable(device)
     backends = ", ".join(f"{b.distribution} {b.version}" for b in backend.backends()) or "none"
+    version = importlib.metadata.version("tileops-core")
     head = [
-        f"tileops {tileops.__version__} on {_device_name(device)}; torch {torch.__version__}",
+        f"tileops {version} on {_device_name(device)}; torch {torch.__version__}",
         f"backends: {backends}",
         "",
     ]
@@ -91,8 +92,8 @@ def row(
 ) -> list[str]:
     """One table row: run the op on random inputs here, and say who served it and how well."""
     op_cls = REGISTRY.op_class(name)
-    op = calls.make_op(op_cls, shape, params)
-    inputs = calls.make_inputs(op, shape, dtype, device)
+    op = probe.make_op(op_cls, shape, params)
+    inputs = probe.make_inputs(op, shape, dtype, device)
     label = [name, "x".join(map(str, shape)), str(dtype).replace("torch.", ""), str(device)]
     try:
         expected = _expected(op_cls, op, inputs)
@@ -100,7 +101,7 @@ def row(
         served = _served_by(op, inputs, device)
         error = (got.double().cpu() - expected).abs().max().item()
         seconds = _median_time(lambda: op(*_fresh(inputs)), device)
-    except tileops.TileOpsError as exc:
+    except TileOpsError as exc:
         return [*label, f"not served: {type(exc).__name__}", "-", "-"]
     return [*label, served, f"{error:.1e}", _duration(seconds)]
 
@@ -117,10 +118,10 @@ def _served_by(op: Op, inputs: tuple, device: Any) -> str:
     target = op.settled_target
     if target not in (None, BUILTIN):
         builder = REGISTRY.builder(type(op), target)
-        return f"target {target} [{explaining.distribution_of(str(builder.source))}]"
-    req = calls.request(op, tuple(_meta(t) for t in inputs), torch.device(device))
+        return f"target {target} [{explain_command.distribution_of(str(builder.source))}]"
+    req = probe.request(op, tuple(_meta(t) for t in inputs), torch.device(device))
     explanation = op.explain(req.interface, req.call)
-    return f"{explanation.chosen} [{explaining.distribution_of(explanation.winner_source)}]"
+    return f"{explanation.chosen} [{explain_command.distribution_of(explanation.winner_source)}]"
 
 
 def _median_time(call: Callable[[], Any], device: Any) -> float:
@@ -157,9 +158,9 @@ def explanations(device: Any) -> list[str]:
     lines = []
     for target_device, facts in where:
         with devices.simulated(target_device, facts):
-            op = calls.make_op(REGISTRY.op_class(name), shape, {})
-            inputs = calls.make_inputs(op, shape, dtype, torch.device("meta"))
-            req = calls.request(op, inputs, target_device)
+            op = probe.make_op(REGISTRY.op_class(name), shape, {})
+            inputs = probe.make_inputs(op, shape, dtype, torch.device("meta"))
+            req = probe.request(op, inputs, target_device)
             what = devices.describe(target_device, facts)
             lines += [f"Why this kernel? {req.describe()} {dtype} on {what}:"]
             lines += [str(op.explain(req.interface, req.call)), ""]

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from .. import backend, hints
-from ..backend.plugins import LOADER
-from ..backend.registry import REGISTRY
 from ..errors import KernelDeclarationError
+from ..plugins import LOADER
+from ..registry import REGISTRY
 from ..table import table_for
 from . import claims
 from .output import Outcome
@@ -149,4 +149,4 @@ def claim_problems() -> list[Problem]:
 
 def hint_problems() -> list[Problem]:
     remedy = "fix the declaration on the kernel class (its backend's maintainers can)"
-    return [Problem(False, str(hint), remedy) for hint in hints.installed_hints()]
+    return [Problem(False, str(hint), remedy) for hint in hints.installed_hints(table_for)]

@@ -12,8 +12,8 @@ import dataclasses
 from typing import Any
 
 from .. import backend
-from ..backend.registry import REGISTRY
 from ..errors import KernelDeclarationError
+from ..registry import REGISTRY
 from ..selection import Candidate
 from ..table import table_for
 from .output import Outcome

@@ -19,10 +19,10 @@ from typing import Any
 import torch
 
 from .. import observe
-from ..backend.plugins import hookimpl
-from ..backend.registry import REGISTRY
 from ..errors import TileOpsError
-from . import calls, devices, explaining
+from ..plugins import hookimpl
+from ..registry import REGISTRY
+from . import devices, explain_command, probe
 from .output import Outcome, table
 
 BAR = 24
@@ -36,7 +36,7 @@ def add_parser(sub: Any) -> None:
     )
     parser.add_argument("--dtype", default="float32", help="dtypes, comma-separated")
     parser.add_argument("--param", action="append", default=[], metavar="NAME=VALUE")
-    explaining.add_device_options(parser)
+    explain_command.add_device_options(parser)
     parser.set_defaults(run=run)
 
 
@@ -54,9 +54,9 @@ class Builds:
 
 
 def run(args: argparse.Namespace) -> Outcome:
-    device = explaining.parse_device(args.device)
-    facts = explaining.simulated_facts(args, device)
-    params = calls.parse_params(args.param)
+    device = explain_command.parse_device(args.device)
+    facts = explain_command.simulated_facts(args, device)
+    params = probe.parse_params(args.param)
     builds, failures = Builds(), []
     observe.add_observer(builds)
     started = time.perf_counter()
@@ -77,29 +77,29 @@ def run(args: argparse.Namespace) -> Outcome:
 
 def _jobs(args: argparse.Namespace) -> list[tuple[type, str, torch.dtype]]:
     """(op class, shape text, dtype) for every combination the flags name."""
-    dtypes = [calls.parse_dtype(d.strip()) for d in args.dtype.split(",")]
+    dtypes = [probe.parse_dtype(d.strip()) for d in args.dtype.split(",")]
     ops = [REGISTRY.op_class(op) for op in args.op]
     return [(op, text, d) for op in ops for text in args.shapes.split(";") for d in dtypes]
 
 
 def prepare(
     op_cls: type, text: str, dtype: torch.dtype, params: dict, device: torch.device
-) -> tuple[str, calls.Request]:
+) -> tuple[str, probe.Request]:
     """The request one call makes, or a usage error (exit 2) naming the flag or the call."""
     try:
-        shape = calls.parse_shape(text)
-        op = calls.make_op(op_cls, shape, params)
-        inputs = calls.make_inputs(op, shape, dtype, torch.device("meta"))
-    except calls.ShapeError as exc:
+        shape = probe.parse_shape(text)
+        op = probe.make_op(op_cls, shape, params)
+        inputs = probe.make_inputs(op, shape, dtype, torch.device("meta"))
+    except probe.ShapeError as exc:
         raise ValueError(f"--shapes {text}: {exc}") from None
     what = _what(op_cls, shape, dtype)
     try:
-        return what, calls.request(op, inputs, device)
+        return what, probe.request(op, inputs, device)
     except (TileOpsError, ValueError) as exc:  # the op's own input checks
         raise ValueError(f"{what}: {exc}") from None
 
 
-def warm(what: str, req: calls.Request) -> str | None:
+def warm(what: str, req: probe.Request) -> str | None:
     """Build the entry one call needs; returns why it failed, or None."""
     try:
         req.op.kernel_for(req.interface, req.call)
@@ -109,7 +109,7 @@ def warm(what: str, req: calls.Request) -> str | None:
 
 
 def _what(op_cls: type, shape: tuple[int, ...], dtype: torch.dtype) -> str:
-    return f"{op_cls.__name__} {'x'.join(map(str, shape))} {calls.dtype_name(dtype)}"
+    return f"{op_cls.__name__} {'x'.join(map(str, shape))} {probe.dtype_name(dtype)}"
 
 
 def _progress(done: int, total: int, what: str) -> None:

@@ -1,5 +1,6 @@
 """`tileops.nn`: drop-in replacements for torch.nn modules that run through tileops ops, and
-`kernelize`, which swaps them into an existing model in place.
+`kernelize`, which swaps them into an existing model in place, together with the norm classes
+of other libraries whose semantics are declared (`register_module_semantics`).
 
 Import it explicitly (`import tileops.nn`); `import tileops` does not load it.
 """
@@ -11,6 +12,7 @@ from .batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from .kernelize import KERNELIZED, KernelizeReport, Skipped, Swapped, kernelize
 from .linear import Linear
 from .normalization import LayerNorm, RMSNorm
+from .semantics import ModuleSemantics, declared_semantics, register_module_semantics
 
 __all__ = [
     "KERNELIZED",
@@ -20,9 +22,12 @@ __all__ = [
     "KernelizeReport",
     "LayerNorm",
     "Linear",
+    "ModuleSemantics",
     "RMSNorm",
     "Skipped",
     "Softmax",
     "Swapped",
+    "declared_semantics",
     "kernelize",
+    "register_module_semantics",
 ]

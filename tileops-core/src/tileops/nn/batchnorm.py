@@ -33,7 +33,8 @@ class _BatchNorm(TileModule):
             lambda: BatchNormFwdOp(module.num_features, module.eps, training=False)
         )
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, input: Tensor) -> Tensor:  # torch.nn's keyword
+        x = input
         self._check_input_dim(x)
         factor = self._count_batch()
         stats_used = not self.training or self.track_running_stats

@@ -1,14 +1,18 @@
-"""`kernelize`: swap the torch.nn modules of an existing model for their tileops.nn versions.
+"""`kernelize`: swap the modules of an existing model for versions that run through tileops.
 
-The swap is in place, by class: each matching module object becomes an instance of its
-tileops.nn subclass (which holds no state of its own). So the parameters, buffers, hooks,
-train/eval mode, device and dtype are the module's own, untouched: optimizers, tied weights
-and references held elsewhere keep working, and a module shared by two parents is swapped once.
+The swap is in place, by class: each matching module object becomes an instance of a subclass
+of its class that holds no state of its own. So the parameters, buffers, hooks, train/eval
+mode, device and dtype are the module's own, untouched: optimizers, tied weights and references
+held elsewhere keep working, and a module shared by two parents is swapped once.
 
-Only modules of exactly the listed torch.nn types are swapped. A subclass may override forward
-(or its owner may bypass it, as `nn.MultiheadAttention` does with its `out_proj`), so it is
-skipped with that reason; so is a module whose configuration the op cannot serve, or whose
-forward was replaced on the instance (accelerate's hooks do that).
+Two kinds of module are swapped: torch.nn's own types (exactly those of `KERNELIZED`, for their
+tileops.nn versions), and the classes of other libraries whose semantics are declared
+(`register_module_semantics`; transformers' RMSNorm families are built in), for a subclass
+generated per class (see `declared`). A subclass of either may override forward (or its owner
+may bypass it, as `nn.MultiheadAttention` does with its `out_proj`), so it is skipped with that
+reason; so is a module whose configuration the op cannot serve, whose forward was replaced on
+the instance (accelerate's hooks do that), or a class transformers names a hub norm layer that
+has no declaration.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ from ..errors import ArgumentError
 from ._base import TileModule
 from .activation import Softmax
 from .batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
+from .declared import declared_class
 from .linear import Linear
 from .normalization import LayerNorm, RMSNorm
+from .semantics import ModuleSemantics, declared_semantics, hub_layer_name
 
 KERNELIZED: dict[type[nn.Module], type[TileModule]] = {
     cls.torch_type: cls
@@ -36,6 +42,7 @@ class Swapped(NamedTuple):
     name: str
     source: type[nn.Module]
     target: type[nn.Module]
+    semantics: ModuleSemantics | None = None  # the declaration, for a declared class
 
 
 class Skipped(NamedTuple):
@@ -52,8 +59,12 @@ class KernelizeReport:
     skipped: list[Skipped] = field(default_factory=list)
 
     def __str__(self) -> str:
-        rows = [(s.name, _qualname(s.source), _qualname(s.target)) for s in self.swapped]
-        text = _table(("module", "from", "to"), rows, f"swapped {len(rows)} module(s)")
+        rows = [
+            (s.name, _qualname(s.source), _qualname(s.target), str(s.semantics or "type"))
+            for s in self.swapped
+        ]
+        header = ("module", "from", "to", "by")
+        text = _table(header, rows, f"swapped {len(rows)} module(s)")
         if self.skipped:
             rows = [(s.name, _qualname(s.type), s.reason) for s in self.skipped]
             text += "\n\n" + _table(("module", "type", "reason"), rows, f"skipped {len(rows)}")
@@ -65,35 +76,41 @@ def kernelize(
     *,
     modules: type[nn.Module] | Iterable[type[nn.Module]] | None = None,
 ) -> KernelizeReport:
-    """Swap, in place, every module of `model` (itself included) whose type is exactly one of
-    `modules` (one class or several; default: every key of `KERNELIZED`) for its tileops.nn
-    version; return a report."""
+    """Swap, in place, every module of `model` (itself included) whose class is exactly one of
+    `modules` (one class or several; default: every key of `KERNELIZED` and every declared
+    class) for its tileops version; return a report of what was swapped and what was not."""
     selected = _selected(modules)
     report = KernelizeReport()
     for name, module in model.named_modules():
-        kind = _kind(type(module), selected)
-        if kind is None:
+        planned = _plan(type(module), selected)
+        if planned is None:
             continue
         name = name or "(root)"
-        reason = _refusal(module, kind)
+        target, reason = planned
+        if target is not None and "forward" in module.__dict__:
+            reason = "its forward is replaced on the instance (by hooks such as accelerate's)"
+        reason = reason or target.refusal(module)
         if reason is None:
-            report.swapped.append(Swapped(name, type(module), KERNELIZED[kind]))
-            module.__class__ = KERNELIZED[kind]
+            semantics = getattr(target, "semantics", None)
+            report.swapped.append(Swapped(name, type(module), target, semantics))
+            module.__class__ = target
         else:
             report.skipped.append(Skipped(name, type(module), reason))
     return report
 
 
-def _selected(modules: object) -> frozenset[type[nn.Module]]:
+def _selected(modules: object) -> frozenset[type[nn.Module]] | None:
+    """The classes `modules` selects, or None for every class kernelize can serve."""
     if modules is None:
-        return frozenset(KERNELIZED)
+        return None
     chosen = frozenset(_classes(modules))
-    unknown = [m for m in chosen if m not in KERNELIZED]
+    unknown = [m for m in chosen if m not in KERNELIZED and declared_semantics(m) is None]
     if unknown:
         names = ", ".join(sorted(_qualname(m) for m in KERNELIZED))
         raise ValueError(
             f"kernelize(): argument 'modules' holds {', '.join(map(repr, unknown))}, which "
-            f"tileops.nn cannot replace; pick from {names}"
+            f"tileops.nn cannot replace; pick from {names}, or a class whose semantics are "
+            "declared with tileops.nn.register_module_semantics"
         )
     return chosen
 
@@ -117,31 +134,47 @@ def _classes(modules: object) -> list[type]:
     return items
 
 
-def _kind(cls: type[nn.Module], selected: frozenset[type[nn.Module]]) -> type[nn.Module] | None:
-    """The selected torch.nn type `cls` is, or derives from (tileops.nn's own excluded)."""
-    if cls in selected:
-        return cls
+def _plan(
+    cls: type[nn.Module], selected: frozenset[type[nn.Module]] | None
+) -> tuple[type[TileModule] | None, str | None] | None:
+    """What to do with a module of class `cls`: (the class to swap it to, None), (None, why it
+    is skipped), or None when kernelize has nothing to say about it."""
     if issubclass(cls, TileModule):
-        return None
-    return next((kind for kind in selected if issubclass(cls, kind)), None)
-
-
-def _refusal(module: nn.Module, kind: type[nn.Module]) -> str | None:
-    if type(module) is not kind:
-        return (
-            f"a subclass of {_qualname(kind)}: only exact types are swapped (a subclass may "
+        return None  # swapped already
+    if selected is None or cls in selected:
+        if cls in KERNELIZED:
+            return KERNELIZED[cls], None
+        semantics = declared_semantics(cls)
+        if semantics is not None:
+            return declared_class(cls, semantics), None
+    base = next((b for b in cls.__mro__[1:] if _served(b, selected)), None)
+    if base is not None:
+        return None, (
+            f"a subclass of {_qualname(base)}: only exact types are swapped (a subclass may "
             "override forward, or its owner may not call it)"
         )
-    if "forward" in module.__dict__:
-        return "its forward is replaced on the instance (by hooks such as accelerate's)"
-    return KERNELIZED[kind].refusal(module)
+    hub_name = hub_layer_name(cls)
+    if hub_name is not None and selected is None:
+        return None, (
+            f"transformers names it hub kernel layer {hub_name!r}, but no semantics are "
+            "declared for it (classes under that name differ in where they round to the input "
+            "dtype): declare them with tileops.nn.register_module_semantics"
+        )
+    return None
+
+
+def _served(cls: type, selected: frozenset[type[nn.Module]] | None) -> bool:
+    """Whether kernelize swaps exactly `cls` under this selection."""
+    if selected is not None and cls not in selected:
+        return False
+    return cls in KERNELIZED or declared_semantics(cls) is not None
 
 
 def _qualname(cls: type) -> str:
     module = cls.__module__
     if module.startswith("torch.nn"):
         module = "torch.nn"
-    elif module.startswith("tileops.nn"):
+    elif cls in KERNELIZED.values():
         module = "tileops.nn"
     return f"{module}.{cls.__qualname__}"
 

@@ -35,14 +35,15 @@ class Linear(TileModule, nn.Linear):
     The bias is added after the GEMM, in the op's dtype (GemmOp has no bias epilogue).
     """
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # torch.nn.Linear's keyword
+        x = input
         if x.dim() == 0 or x.shape[-1] != self.in_features:
             raise OpInputError(
                 f"tileops.nn.Linear: argument 'input' of shape {list(x.shape)} cannot be "
                 f"multiplied by weight of shape {list(self.weight.shape)}; its last dim must "
                 f"be in_features={self.in_features}"
             )
-        rows = x.reshape(-1, self.in_features)
+        rows = x.reshape(x.shape[:-1].numel(), self.in_features)  # -1 is ambiguous for in=0
         y = _matmul_wt(op_for(GemmOp, x.device), rows, self.weight)
         if self.bias is not None:
             y = y + self.bias

@@ -10,10 +10,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..call import CallSpec
-from ..cases import Case
+from ..callspec import CallSpec
 from ..errors import OpConfigError
 from ..kernel import Build, Kernel
+from ..samples import Case
 from ..signature import HALF_DTYPES
 
 # -- constructor params ----------------------------------------------------------------------

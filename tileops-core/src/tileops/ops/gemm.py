@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..backward import BackwardInterface, RecomputeBackward
-from ..call import CallSpec
+from ..callspec import CallSpec
 from ..kernel import KernelInterface
 from ..op import Op
 from ..signature import Input, Output, Signature
 from ._common import ReferenceKernel, sample_case
 
 if TYPE_CHECKING:
-    from ..cases import Case
+    from ..samples import Case
 
 
 class GemmCall(CallSpec):

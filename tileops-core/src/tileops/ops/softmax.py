@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..backward import BackwardInterface, RecomputeBackward
-from ..call import CallSpec
+from ..callspec import CallSpec
 from ..errors import OpInputError
 from ..kernel import KernelInterface
 from ..op import Op
@@ -16,7 +16,7 @@ from ..signature import BATCH, BoundCall, Input, Output, Signature
 from ._common import ReferenceKernel, as_rows, int_param, like, sample_case
 
 if TYPE_CHECKING:
-    from ..cases import Case
+    from ..samples import Case
 
 
 class SoftmaxCall(CallSpec):

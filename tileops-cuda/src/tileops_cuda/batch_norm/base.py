@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from tileops import Kernel
-from tileops.kernel import Build
+from tileops.backend import Build
 from tileops.ops import BatchNormCall
 
 from .._common.arith import AMPERE_AND_LATER, DTYPE_NAMES, ITEMSIZE

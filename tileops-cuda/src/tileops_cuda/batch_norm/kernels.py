@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from tileops.kernel import Build
+from tileops.backend import Build
 from tileops.ops import BatchNormCall, BatchNormInferInterface, BatchNormTrainInterface
 
 from .._common.arith import CLUSTER_ARCHS, CLUSTER_SIZES, ceil_div, vector_width

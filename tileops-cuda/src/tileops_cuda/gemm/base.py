@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 import torch
 
 from tileops import Kernel
-from tileops.kernel import Build
+from tileops.backend import Build
 from tileops.ops import GemmCall, GemmInterface
 
 from .._common.arith import DTYPE_NAMES

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tileops.kernel import Build
+from tileops.backend import Build
 from tileops.ops import GemmCall
 
 from .._common.arith import AMPERE_AND_LATER, ceil_div, round_up

@@ -15,7 +15,7 @@ from collections.abc import Hashable
 import torch
 
 from tileops import Kernel
-from tileops.kernel import Build
+from tileops.backend import Build
 from tileops.ops import GemmCall, GemmInterface, GemmOp
 
 from ..compile import next_pow2, tuned

@@ -15,9 +15,8 @@ from typing import ClassVar
 
 import torch
 
-from tileops import Kernel
-from tileops.call import CallSpec
-from tileops.kernel import Build
+from tileops import CallSpec, Kernel
+from tileops.backend import Build
 from tileops.ops import (
     LayerNormFwdOp,
     LayerNormInterface,

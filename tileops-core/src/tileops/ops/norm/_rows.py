@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ...call import CallSpec
+from ...callspec import CallSpec
 from ...signature import BATCH, WIDENED, Input, Output, Signature
 from .._common import as_rows, as_vector, shape_param
 

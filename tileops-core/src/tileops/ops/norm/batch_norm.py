@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ...backward import BackwardInterface, RecomputeBackward
-from ...call import CallSpec
+from ...callspec import CallSpec
 from ...errors import OpConfigError, OpInputError
 from ...kernel import KernelInterface
 from ...op import Op
@@ -35,7 +35,7 @@ from .._common import (
 )
 
 if TYPE_CHECKING:
-    from ...cases import Case
+    from ...samples import Case
 
 Tensor = torch.Tensor
 STATS = ("running_mean", "running_var")

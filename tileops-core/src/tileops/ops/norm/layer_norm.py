@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ...backward import BackwardInterface, RecomputeBackward
-from ...call import CallSpec
+from ...callspec import CallSpec
 from ...kernel import KernelInterface
 from ...op import Op
 from ...signature import HALF_DTYPES
@@ -17,7 +17,7 @@ from .._common import ReferenceKernel, eps_param, float32, param_dtype, sample_c
 from ._rows import RowNorm, norm_signature
 
 if TYPE_CHECKING:
-    from ...cases import Case
+    from ...samples import Case
 
 
 class LayerNormCall(CallSpec):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ...backward import BackwardInterface, RecomputeBackward
-from ...call import CallSpec
+from ...callspec import CallSpec
 from ...kernel import KernelInterface
 from ...op import Op
 from ...signature import FLOAT_DTYPES
@@ -17,7 +17,7 @@ from .._common import ReferenceKernel, eps_param, float32, sample_case, upcasts
 from ._rows import RowNorm, norm_signature
 
 if TYPE_CHECKING:
-    from ...cases import Case
+    from ...samples import Case
 
 # F.rms_norm's eps=None is the machine epsilon of the dtype it computes in: float32 for 16-bit
 # inputs (not the 16-bit dtype's own, much larger epsilon).

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from ..errors import BackendError, OpDefinitionError, UnknownOpError
-from ..provenance import Source
+from .errors import BackendError, OpDefinitionError, UnknownOpError
+from .provenance import Source
 
 BUILTIN = "builtin"
 """Target name that forces an op's own implementations even where a target claims the device."""
@@ -51,13 +51,17 @@ class Detector:
         except Exception as exc:
             raise BackendError(
                 f"the detector of target {self.target!r} ({self.source}) raised "
-                f"{type(exc).__name__}: {exc} when asked about {device}"
+                f"{type(exc).__name__}: {exc} when asked about {device}",
+                target=self.target,
+                source=self.source,
             ) from exc
         if not isinstance(answer, bool):
             raise BackendError(
                 f"the detector of target {self.target!r} ({self.source}) returned {answer!r} "
                 f"({type(answer).__name__}) for {device}; a detector must return a bool, True "
-                "to claim the device"
+                "to claim the device",
+                target=self.target,
+                source=self.source,
             )
         return answer
 
@@ -188,14 +192,24 @@ class Registry:
         return sorted(named)
 
     # -- writes ------------------------------------------------------------------------------
-    def add(self, slot: tuple, entry: Any, clash: Callable[[Any], Exception]) -> None:
-        """Put `entry` in the empty `slot`, or raise `clash(existing)`."""
+    def add(self, slot: tuple, entry: Any, clash: Callable[[Any], Exception]) -> RegistrationHandle:
+        """Put `entry` in the empty `slot`, or raise `clash(existing)`; the handle undoes it."""
         with self.lock:
             self._admit(slot, entry.source)
             existing = self._slots.get(slot)
             if existing is not None:
                 raise clash(existing)
             self._set(slot, entry)
+        return RegistrationHandle(self, slot, entry)
+
+    def remove(self, slot: tuple, entry: Any) -> bool:
+        """Empty `slot` if it still holds `entry` (a registration's handle undoing it): what
+        replaced it meanwhile stays. Returns whether it did."""
+        with self.lock:
+            if self._slots.get(slot) is not entry:
+                return False
+            self._set(slot, None)
+            return True
 
     def set_default_target(self, target: str | None, source: Source) -> None:
         with self.lock:
@@ -285,6 +299,49 @@ class Registry:
                         self._slots[slot] = old
             self.generation += 1
         return kept[::-1]
+
+
+class RegistrationHandle:
+    """What a registration returns: `handle.remove()` undoes it, and so does the end of a
+    `with handle:` block (as torch.library's RegistrationHandle). Like any registry change it
+    reaches op instances constructed afterwards. Removing twice does nothing, and so does
+    removing what a failed backend's withdrawal or an ended transaction took back already."""
+
+    def __init__(self, registry: Registry, slot: tuple, entry: Any) -> None:
+        self._registry, self._slot, self._entry = registry, slot, entry
+
+    @property
+    def registered(self) -> bool:
+        """Whether the registration is still in force."""
+        return self._registry._slots.get(self._slot) is self._entry
+
+    def remove(self) -> None:
+        """Undo the registration, if it is still in force."""
+        self._registry.remove(self._slot, self._entry)
+
+    def __enter__(self) -> RegistrationHandle:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        state = "registered" if self.registered else "removed"
+        return f"<RegistrationHandle {describe_slot(self._slot)} by {self._entry.source}: {state}>"
+
+
+def describe_slot(slot: tuple) -> str:
+    """What a slot registers, in words."""
+    kind = slot[0]
+    if kind == "kernel":
+        return f"kernel key {slot[2]!r} of {slot[1].op_name}"
+    if kind == "detector":
+        return f"the detector of target {slot[1]!r}"
+    if kind == "builder":
+        return f"the builder of target {slot[2]!r} for {slot[1].op_name}"
+    if kind == "rule":
+        return f"the rule {slot[1]}"
+    return "the default target"
 
 
 REGISTRY = Registry()

@@ -16,15 +16,16 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import pluggy
 from importlib_metadata import EntryPoint, entry_points
 
-from ..errors import BackendError
-from ..provenance import Source, loading_source, remember_entry_point
-from .registry import REGISTRY
+from .errors import BackendError
+from .provenance import Source, loading_source, remember_entry_point
+from .registry import REGISTRY, describe_slot
 
 GROUP = "tileops.backends"
 PROTOCOL_VERSION = 1
@@ -96,6 +97,7 @@ class BackendLoader:
         self._loader_thread: int | None = None
         self._attempted: set[str] = set()
         self._direct: dict[str, tuple[EntryPoint, Source]] = {}  # imports still in progress
+        self._on_loaded: list[Callable[[], Iterable[LoadFailure]]] = []
 
     def ensure_loaded(self, *, wait: bool = True) -> None:
         """Load every backend once. `wait=False` (registrations) never blocks on a load that
@@ -113,7 +115,7 @@ class BackendLoader:
                 if not self._loaded:
                     self._load_all()
                     self._loaded = True
-                    self._check_operator_rules()
+                    self._run_loaded_checks()
                 self._settle_direct_imports()
             finally:
                 self._loader_thread = None
@@ -183,18 +185,15 @@ class BackendLoader:
         finally:
             loading_source.reset(token)
 
-    def _check_operator_rules(self) -> None:
-        """Read TILEOPS_DENY / _PIN / _PREFER once every backend is in, and report entries that
-        cannot parse or name nothing installed, as unknown backend names are reported."""
-        from ..control import RULES
+    def on_loaded(self, check: Callable[[], Iterable[LoadFailure]]) -> None:
+        """Call `check()` once every backend is loaded (for settings that name what backends
+        install: the operator rules); each failure it returns is recorded as a load failure."""
+        self._on_loaded.append(check)
 
-        problems = RULES.load_environment()
-        keys = lambda op: set(op.kernel_types) | set(REGISTRY.kernel_types(op))  # noqa: E731
-        problems += [(p.split(" ", 1)[0], p) for p in RULES.unmatched(REGISTRY.known_ops, keys)]
-        for origin, problem in problems:
-            self._fail(origin, "operator setting", problem)
-        if RULES.rules:
-            REGISTRY.bump()  # tables built before the rules were read must not stand
+    def _run_loaded_checks(self) -> None:
+        for check in self._on_loaded:
+            for failure in check():
+                self._fail(failure.entry_point, failure.distribution, failure.error)
 
     def _settle_direct_imports(self) -> None:
         """Finish the backends a user imported before tileops loaded them: once their import
@@ -217,8 +216,9 @@ class BackendLoader:
         def refusal(slot: tuple) -> BackendError:
             refused = BackendError(
                 f"{source} failed to load ({error}); its later registration of "
-                f"{_describe_slot(slot)} is refused: a backend that failed leaves nothing "
-                "behind, also from its threads"
+                f"{describe_slot(slot)} is refused: a backend that failed leaves nothing "
+                "behind, also from its threads",
+                source=source,
             )
             self._fail(ep.name, source.distribution, f"BackendError: {refused}")
             return refused
@@ -272,29 +272,17 @@ def _enter(ep: EntryPoint) -> Any:
     return sys.modules[ep.module]
 
 
-def _describe_slot(slot: tuple) -> str:
-    kind = slot[0]
-    if kind == "kernel":
-        return f"kernel key {slot[2]!r} of {slot[1].op_name}"
-    if kind == "detector":
-        return f"the detector of target {slot[1]!r}"
-    if kind == "builder":
-        return f"the builder of target {slot[2]!r} for {slot[1].op_name}"
-    if kind == "rule":
-        return f"the rule {slot[1]}"
-    return "the default target"
-
-
 def _check_protocol(module: Any, source: Source) -> int | None:
     declared = getattr(module, "TILEOPS_PROTOCOL", None)
     if declared is None or declared == PROTOCOL_VERSION:
         return declared
     if not isinstance(declared, int):
-        raise BackendError(f"TILEOPS_PROTOCOL must be an int, got {declared!r}")
+        raise BackendError(f"TILEOPS_PROTOCOL must be an int, got {declared!r}", source=source)
     upgrade = "tileops-core" if declared > PROTOCOL_VERSION else source.distribution
     raise BackendError(
         f"{source.distribution} was written for tileops backend protocol {declared}, but this "
-        f"tileops-core speaks protocol {PROTOCOL_VERSION}; upgrade {upgrade}"
+        f"tileops-core speaks protocol {PROTOCOL_VERSION}; upgrade {upgrade}",
+        source=source,
     )
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ..call import CallSpec
+from ..callspec import CallSpec
 from ..op import Op
 from ..signature import BATCH
 

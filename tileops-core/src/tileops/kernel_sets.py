@@ -15,7 +15,7 @@ from .provenance import Source, source_of_module
 from .selection import Candidate, find_cycle
 
 if TYPE_CHECKING:
-    from .backend.registry import Registration
+    from .registry import Registration
 
 
 def candidates_of(
@@ -31,7 +31,10 @@ def candidates_of(
             raise KernelDeclarationError(
                 f"{op_cls.op_name}: {reg.source} registers kernel key {key!r} "
                 f"({_name(reg.cls)}), but backends cannot reuse keys it has "
-                f"(already {_name(keyed[key][0])} from {keyed[key][1]}); pick another key"
+                f"(already {_name(keyed[key][0])} from {keyed[key][1]}); pick another key",
+                op=op_cls.op_name,
+                key=key,
+                source=reg.source,
             )
         keyed[key] = (reg.cls, reg.source)
     grouped: dict[str, list[Candidate]] = {name: [] for name in op_cls.interfaces}
@@ -58,14 +61,18 @@ def _validate_preferences(op_cls: type, interface: str, cands: list[Candidate]) 
     if len(generals) > 1:
         raise KernelDeclarationError(
             f"{op_cls.op_name}.{interface}: more than one general implementation "
-            f"({', '.join(generals)}); at most one may be the fallback"
+            f"({', '.join(generals)}); at most one may be the fallback",
+            op=op_cls.op_name,
+            interface=interface,
         )
     cycle = find_cycle(cands)
     if cycle:
         raise KernelDeclarationError(
             f"{op_cls.op_name}.{interface}: preferred_over forms a cycle: "
             f"{' -> '.join(cycle)} ({', '.join(named[k] for k in sorted(set(cycle)))}); "
-            "remove one of these preferences"
+            "remove one of these preferences",
+            op=op_cls.op_name,
+            interface=interface,
         )
 
 

@@ -1,7 +1,7 @@
 """`tileops explain`: every key's verdict on one call, the winner, and the target that serves it.
 
 Two ways to name the call. By inputs (`--shape 8,4096 --dtype bfloat16`): the op builds the call
-spec it would build for those inputs (see calls.py). By call-spec fields (`rms_norm n=4096
+spec it would build for those inputs (see probe.py). By call-spec fields (`rms_norm n=4096
 dtype=float16 ...`): any interface of any op, third parties' included. Either way on the real
 device or a simulated one (`--arch 90` stands for an H200; see devices.py).
 """
@@ -17,14 +17,15 @@ from typing import Any
 import torch
 
 from .. import backend
-from ..backend.registry import BUILTIN, REGISTRY
-from ..call import CallSpec
+from ..callspec import CallSpec
 from ..device import DeviceFacts
 from ..errors import TileOpsError
-from ..explain import Explanation
+from ..explanation import Explanation
 from ..op import Op
+from ..registry import BUILTIN, REGISTRY
 from ..table import table_for
-from . import calls, devices
+from ..targets import choose_target
+from . import devices, probe
 from .output import Outcome
 
 
@@ -161,14 +162,14 @@ def simulated_facts(args: argparse.Namespace, device: torch.device) -> DeviceFac
 
 
 def by_inputs(op_cls: type[Op], args: argparse.Namespace, device: torch.device) -> Report:
-    dtype = calls.parse_dtype(args.dtype)
+    dtype = probe.parse_dtype(args.dtype)
     try:
-        shape = calls.parse_shape(args.shape)
-        op = calls.make_op(op_cls, shape, calls.parse_params(args.param), args.target)
-        inputs = calls.make_inputs(op, shape, dtype, torch.device("meta"), args.omit)
-    except calls.ShapeError as exc:
+        shape = probe.parse_shape(args.shape)
+        op = probe.make_op(op_cls, shape, probe.parse_params(args.param), args.target)
+        inputs = probe.make_inputs(op, shape, dtype, torch.device("meta"), args.omit)
+    except probe.ShapeError as exc:
         raise ValueError(f"--shape {args.shape}: {exc}") from None
-    req = calls.request(op, inputs, device)
+    req = probe.request(op, inputs, device)
     explanation = op.explain(req.interface, req.call)
     return Report(op_cls.op_name, "", explanation, settle(op, device), req.describe())
 
@@ -188,7 +189,7 @@ def by_fields(op_cls: type[Op], args: argparse.Namespace, device: torch.device) 
     call = call_cls(device=device, **parse_fields(call_cls, args.fields))
     explanation = table_for(op_cls).explain(args.interface, call)
     try:
-        op = op_cls(**calls.parse_params(args.param), target=args.target)
+        op = op_cls(**probe.parse_params(args.param), target=args.target)
     except TypeError:  # the op needs constructor arguments the field form does not give
         text = "not shown: pass --shape, or the op's arguments with --param, to see it"
         return Report(op_cls.op_name, "", explanation, TargetVerdict(None, text, True))
@@ -198,7 +199,7 @@ def by_fields(op_cls: type[Op], args: argparse.Namespace, device: torch.device) 
 def settle(op: Op, device: torch.device) -> TargetVerdict:
     """The target `op` would settle on for a call on `device`, and whether it serves the call."""
     try:
-        name = op._choose_target(device)
+        name = choose_target(op, device)
     except TileOpsError as exc:
         return TargetVerdict(None, f"{type(exc).__name__}: {exc}", False)
     why = _why(op, name, device)
@@ -244,7 +245,7 @@ def parse_device(text: str) -> torch.device:
 
 def parse_fields(call_cls: type[CallSpec], fields: Sequence[str]) -> dict[str, object]:
     """`FIELD=VALUE` texts -> call-spec field values, converted by the fields' annotations."""
-    hints = calls.field_types(call_cls)
+    hints = probe.field_types(call_cls)
     values: dict[str, object] = {}
     for item in fields:
         name, sep, text = item.partition("=")
@@ -262,7 +263,7 @@ def convert(name: str, hint: object, text: str) -> object:
     """One field's text as the type its annotation names (dtype, bool, int, float, str)."""
     if hint is torch.dtype or torch.dtype in typing.get_args(hint):
         try:
-            return calls.parse_dtype(text)
+            return probe.parse_dtype(text)
         except ValueError as exc:
             raise ValueError(f"field {name!r}: {exc}") from None
     if hint is bool:

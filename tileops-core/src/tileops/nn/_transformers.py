@@ -1,0 +1,92 @@
+"""The built-in declarations: transformers' norm classes, by dotted path (nothing is imported).
+
+Each family's forward was read in transformers 5.x and is checked against these declarations,
+class by class, in tests/core/test_kernelize_models.py. Left out, because they compute something
+else: T5LayerNorm (casts to the weight's dtype, not the input's), Gemma3nRMSNorm (its weight is
+optional per instance), the gated norms (`RMSNormGated`: a second input).
+"""
+
+from __future__ import annotations
+
+_MODELS = "transformers.models"
+
+# weight * norm(x.float()).to(x.dtype)
+LLAMA = {
+    "kind": "rms_norm",
+    "eps": "variance_epsilon",
+    "weight": "weight",
+    "order": "cast_then_scale",
+}
+LLAMA_FAMILY = {
+    "llama": "LlamaRMSNorm",
+    "mistral": "MistralRMSNorm",
+    "mixtral": "MixtralRMSNorm",
+    "ministral": "MinistralRMSNorm",
+    "qwen2": "Qwen2RMSNorm",
+    "qwen2_moe": "Qwen2MoeRMSNorm",
+    "qwen2_5_vl": "Qwen2_5_VLRMSNorm",
+    "qwen3": "Qwen3RMSNorm",
+    "qwen3_moe": "Qwen3MoeRMSNorm",
+    "qwen3_vl": "Qwen3VLTextRMSNorm",
+    "phi3": "Phi3RMSNorm",
+    "granite": "GraniteRMSNorm",
+    "granitemoe": "GraniteMoeRMSNorm",
+    "deepseek_v2": "DeepseekV2RMSNorm",
+    "deepseek_v3": "DeepseekV3RMSNorm",
+    "glm": "GlmRMSNorm",
+    "glm4": "Glm4RMSNorm",
+    "glm4_moe": "Glm4MoeRMSNorm",
+    "smollm3": "SmolLM3RMSNorm",
+    "olmoe": "OlmoeRMSNorm",
+    "exaone4": "Exaone4RMSNorm",
+    "ernie4_5": "Ernie4_5RMSNorm",
+    "hunyuan_v1_dense": "HunYuanDenseV1RMSNorm",
+    "jamba": "JambaRMSNorm",
+    "bamba": "BambaRMSNorm",
+    "arcee": "ArceeRMSNorm",
+    "seed_oss": "SeedOssRMSNorm",
+    "diffllama": "DiffLlamaRMSNorm",
+    "minimax": "MiniMaxRMSNorm",
+}
+
+# (weight.float() * norm(x.float())).to(x.dtype)
+OLMO2 = {**LLAMA, "order": "scale_then_cast"}
+OLMO2_FAMILY = {
+    "olmo2": "Olmo2RMSNorm",
+    "olmo3": "Olmo3RMSNorm",
+    "flex_olmo": "FlexOlmoRMSNorm",
+    "gpt_oss": "GptOssRMSNorm",
+    "nemotron_h": "NemotronHRMSNorm",
+    "helium": "HeliumRMSNorm",
+}
+
+# (norm(x.float()) * (1.0 + weight.float())).type_as(x)
+GEMMA = {**OLMO2, "eps": "eps", "weight_offset": 1.0}
+GEMMA_FAMILY = {
+    "gemma": "GemmaRMSNorm",
+    "gemma2": "Gemma2RMSNorm",
+    "gemma3": "Gemma3RMSNorm",
+    "qwen3_next": "Qwen3NextRMSNorm",
+    "qwen3_5": "Qwen3_5RMSNorm",
+}
+
+# (weight.float() * layer_norm(x.float())).to(x.dtype); Cohere's q/k norms (a 2-D weight
+# broadcast over heads) are refused per instance.
+COHERE = {**OLMO2, "kind": "layer_norm"}
+# F.layer_norm(x.float(), eps=1e-5).to(x.dtype), no affine parameters.
+OLMO = {"kind": "layer_norm", "eps": 1e-5}
+
+
+FAMILIES = [
+    (LLAMA, LLAMA_FAMILY),
+    (OLMO2, OLMO2_FAMILY),
+    (GEMMA, GEMMA_FAMILY),
+    (COHERE, {"cohere": "CohereLayerNorm"}),
+    (OLMO, {"olmo": "OlmoLayerNorm"}),
+]
+
+BUILTIN: dict[str, dict] = {
+    f"{_MODELS}.{module}.modeling_{module}.{name}": declaration
+    for declaration, family in FAMILIES
+    for module, name in family.items()
+}
