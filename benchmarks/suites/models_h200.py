@@ -10,13 +10,15 @@ Models nobody here wrote, built from configs with random weights (no downloads):
 - `encoder`: `torch.nn.TransformerEncoderLayer` d=1024, 16 heads, 8 x 512 tokens, bfloat16:
   a training step and inference.
 
-Each work is timed for four contenders, each on a fresh model from the same seed: eager,
-kernelized, `torch.compile` of eager, and `torch.compile` of kernelized, with the peak memory of
-each (weights included). Training works also run 20 steps of eager and of kernelized on the same
+Each work is timed for two contenders, each on a fresh model from the same seed (built on the
+device, in its dtype): eager and kernelized; works named in `--compile-works` (default: the
+prefill) also for `torch.compile` of eager and of kernelized. Each with its peak memory (weights
+included). Training works also run 20 steps of eager and of kernelized on the same
 batches and report the largest loss difference against the bfloat16 tolerance.
 
     python benchmarks/suites/models_h200.py [--models llama,resnet50,encoder]
-        [--works train,prefill,decode,eval] [--no-compile] [--steps 20] [--tiny] [--out DIR]
+        [--works train,prefill,decode,eval] [--compile-works prefill] [--steps 20] [--tiny]
+        [--out DIR]
 
 `--tiny` shrinks every model so the script runs on a CPU in a minute (a smoke run; its figures
 mean nothing). Writes `<out>/models_<device>.{md,json}` stamped with date, device and commit.
@@ -25,13 +27,14 @@ mean nothing). Writes `<out>/models_<device>.{md,json}` stamped with date, devic
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import gc
 import json
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,7 +82,8 @@ def _llama_config(tiny: bool) -> Any:
 def _llama(device: str, tiny: bool) -> torch.nn.Module:
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM(_llama_config(tiny)).to(device, torch.bfloat16)
+    with torch.device(device), _default_dtype(torch.bfloat16):
+        model = LlamaForCausalLM(_llama_config(tiny))
     model.generation_config.eos_token_id = None  # random weights: decode every token asked
     model.generation_config.pad_token_id = 0
     return model
@@ -119,8 +123,8 @@ def _lm_decode(new_tokens: int) -> Callable[[torch.nn.Module, torch.Tensor], Non
 def _resnet50(device: str, tiny: bool, channels_last: bool) -> torch.nn.Module:
     import torchvision
 
-    model = torchvision.models.resnet18() if tiny else torchvision.models.resnet50()
-    model = model.to(device)
+    with torch.device(device):
+        model = torchvision.models.resnet18() if tiny else torchvision.models.resnet50()
     return model.to(memory_format=torch.channels_last) if channels_last else model
 
 
@@ -161,10 +165,10 @@ def _image_eval(device: str) -> Callable[[torch.nn.Module, Any], None]:
 
 def _encoder(device: str, tiny: bool) -> torch.nn.Module:
     width, heads = (64, 4) if tiny else (1024, 16)
-    layer = torch.nn.TransformerEncoderLayer(
-        width, heads, dim_feedforward=4 * width, dropout=0.0, batch_first=True
-    )
-    return layer.to(device, torch.bfloat16)
+    with torch.device(device), _default_dtype(torch.bfloat16):
+        return torch.nn.TransformerEncoderLayer(
+            width, heads, dim_feedforward=4 * width, dropout=0.0, batch_first=True
+        )
 
 
 def _hidden(device: str, batch: int, seq: int, width: int) -> Callable[[int], Any]:
@@ -185,6 +189,18 @@ def _encoder_train(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _encoder_infer(model: torch.nn.Module, x: torch.Tensor) -> None:
     with torch.inference_mode():
         model(x)
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Build in `dtype` directly: a 2-billion-parameter float32 build would cost more than
+    the measurements."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def _sgd(model: torch.nn.Module, lr: float = 1e-3) -> None:
@@ -352,7 +368,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="llama,resnet50,encoder")
     parser.add_argument("--works", default="", help="substrings of work names (default: all)")
-    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument(
+        "--compile-works", default="prefill", help="substrings of works also timed compiled"
+    )
     parser.add_argument("--steps", type=int, default=20, help="timed steps per contender")
     parser.add_argument("--tiny", action="store_true", help="small models: a CPU smoke run")
     parser.add_argument("--out", default=str(results_dir("models")))
@@ -365,7 +383,8 @@ def main() -> None:
             continue
         if wanted_works and not any(w in work.work for w in wanted_works):
             continue
-        rows.append(measure(work, device, args.steps, not args.no_compile))
+        compile_too = any(w and w in work.work for w in args.compile_works.split(","))
+        rows.append(measure(work, device, args.steps, compile_too))
         print(json.dumps(rows[-1], default=str), flush=True)
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     stamp = run_stamp() if device == "cuda" else {"device": "cpu"}
