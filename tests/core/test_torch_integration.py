@@ -540,6 +540,22 @@ def test_tileops_nn_modules_compile_fullgraph():
     torch.testing.assert_close(compiled(x), model(x))
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_exports_with_a_dynamic_batch(bias):
+    """One graph for every batch size: no choice in tnn.Linear depends on the row count (a
+    route picked on a symbolic size once failed export with "Expected op to be '=='")."""
+    import tileops.nn as tnn
+
+    model = torch.nn.Sequential(tnn.Linear(16, 8, bias=bias), torch.nn.ReLU()).eval()
+    batch = torch.export.Dim("batch", min=1)
+    program = torch.export.export(model, (randn(5, 3, 16),), dynamic_shapes=({0: batch},))
+    nodes = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    assert nodes.count("tileops.GemmOp.default") == 1, nodes
+    for rows in (1, 2, 64):
+        x = randn(rows, 3, 16)
+        torch.testing.assert_close(program.module()(x), model(x))
+
+
 def test_an_op_with_untyped_params_runs_eagerly_under_autograd_and_autocast():
     """No schema types: no operator, and the op works as before (its kernels' own autograd)."""
     from tileops import CallSpec, Input, KernelInterface, Op, Output, Signature
