@@ -25,8 +25,11 @@ def gemm(
     from . import programs
 
     (m, n), k = out.shape, a.shape[0 if trans_a else 1]
-    if k == 0:
-        out.copy_(bias.expand_as(out)) if bias is not None else out.zero_()
+    if k == 0:  # an empty sum: the bias, or zeros
+        if bias is None:
+            out.zero_()
+        else:
+            out.copy_(bias.expand_as(out))
         return
     c = config
     split = min(c.split_k, cdiv(k, c.block_k))
