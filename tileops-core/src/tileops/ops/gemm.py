@@ -121,8 +121,10 @@ class GemmOp(Op):
     def forward(
         self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        a, trans_a = _stored(a, self.trans_a)
-        b, trans_b = _stored(b, self.trans_b)
+        trans_a, trans_b = self.trans_a, self.trans_b
+        if not (a.is_contiguous() and b.is_contiguous()):  # the common case skips the calls
+            a, trans_a = _stored(a, trans_a)
+            b, trans_b = _stored(b, trans_b)
         m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
         n = b.shape[0] if trans_b else b.shape[1]
         if bias is not None:
