@@ -226,6 +226,15 @@ def test_linear_uses_a_column_major_weight_without_copying_it():
     assert b.data_ptr() == linear.weight.data_ptr() and call.layout == "NN"
 
 
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors is a no-op")  # torch's
+@pytest.mark.parametrize("shape", [(2, 0), (0,), (4, 5, 0)], ids=str)
+def test_linear_of_zero_in_features_gives_the_bias_as_torch(shape):
+    ours, theirs = tnn.Linear(0, 3), nn.Linear(0, 3)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(shape)
+    torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("bias", [True, False])
 def test_linear_under_autocast_matches_torch(bias):
     """The bias is cast with the operands, as F.linear's is: the output is bfloat16."""

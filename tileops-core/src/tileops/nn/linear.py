@@ -29,6 +29,6 @@ class Linear(TileModule, nn.Linear):
                 f"multiplied by weight of shape {list(self.weight.shape)}; its last dim must "
                 f"be in_features={self.in_features}"
             )
-        rows = x.reshape(-1, self.in_features)
+        rows = x.flatten(0, -2) if x.dim() > 1 else x.unsqueeze(0)  # reshape(-1, 0) is ambiguous
         y = op_for(GemmOp, x.device, False, True)(rows, self.weight, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
