@@ -57,11 +57,28 @@ def test_json_names_the_winner_its_distribution_and_every_verdict(capsys):
     assert data["error"] is None and data["target"] == "builtin" and data["target_serves"]
 
 
-def test_gemm_takes_m_n_k(capsys):
-    code, out, _ = run(capsys, "explain", "GemmOp", "--shape", "64,32,16", "--json")
+@pytest.mark.parametrize(
+    "params, shapes, layout",
+    [
+        ([], "a [64, 16], b [16, 32]", "trans_a=False, trans_b=False"),
+        (["--param", "trans_b=True"], "a [64, 16], b [32, 16]", "trans_a=False, trans_b=True"),
+        (["--param", "trans_a=True"], "a [16, 64], b [16, 32]", "trans_a=True, trans_b=False"),
+    ],
+)
+def test_gemm_takes_m_n_k_in_its_layout(capsys, params, shapes, layout):
+    args = ["explain", "GemmOp", "--shape", "64,32,16", *params, "--omit", "bias", "--json"]
+    code, out, _ = run(capsys, *args)
     data = json.loads(out)
     assert code == 0 and "m=64, n=32, k=16" in data["call"]
-    assert data["request"] == "GemmOp() on a [64, 16], b [16, 32]"
+    assert f"{layout}, has_bias=False" in data["call"]
+    assert data["request"] == f"GemmOp({layout}) on {shapes}"
+
+
+def test_gemm_takes_its_bias_unless_omitted(capsys):
+    code, out, _ = run(capsys, "explain", "GemmOp", "--shape", "64,32,16", "--json")
+    data = json.loads(out)
+    assert code == 0 and "has_bias=True" in data["call"]
+    assert data["request"].endswith("on a [64, 16], b [16, 32], bias [32]")
 
 
 def test_batch_norm_takes_its_channels_from_dim_1_and_params_by_name(capsys):

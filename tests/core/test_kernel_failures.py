@@ -131,7 +131,7 @@ def test_every_op_checks_its_kernels_output(tileops_registry):
     class TransposedGemm(Kernel, GemmInterface):
         devices = {"cpu"}
 
-        def forward(self, a, b):
+        def forward(self, a, b, bias):
             return (a @ b).t().contiguous()
 
     register_kernel_type(GemmOp, "transposed", TransposedGemm)

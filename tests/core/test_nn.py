@@ -14,7 +14,10 @@ import torch
 from torch import nn
 
 import tileops.nn as tnn
-from tileops import OpConfigError, OpInputError
+from tileops import GemmOp, Kernel, OpConfigError, OpInputError
+from tileops.backend import register_kernel_type
+from tileops.ops import GemmInterface
+from tileops.testing import isolated_registry
 
 DTYPES = [torch.float32, torch.float64]
 
@@ -162,8 +165,7 @@ def test_outputs_and_gradients_match_torch(name, shape, dtype):
 
 
 @pytest.mark.parametrize("rows", [1, 3, 64], ids=["decode", "few_rows", "many_rows"])
-def test_linear_matches_torch_by_either_route(rows):
-    """Few rows take the token route (W @ x^T), many the weight route (x @ W^T)."""
+def test_linear_matches_torch_at_any_row_count(rows):
     ours, theirs = tnn.Linear(16, 8), nn.Linear(16, 8)
     ours.load_state_dict(theirs.state_dict())
     (out, grads), (expected, expected_grads) = run_both(ours, theirs, torch.randn(rows, 16))
@@ -172,12 +174,77 @@ def test_linear_matches_torch_by_either_route(rows):
         torch.testing.assert_close(got, want)
 
 
+def _linear_calls(linear: nn.Module, x: torch.Tensor) -> list[tuple]:
+    """The (a, b, bias) each GEMM kernel call of `linear(x)` gets, and its call spec."""
+    seen = []
+
+    class Spy(Kernel, GemmInterface):
+        devices = {"cpu"}
+
+        @classmethod
+        def entry_for(cls, call):
+            return call, lambda: cls(call)
+
+        def __init__(self, call):
+            self.call = call
+
+        def forward(self, a, b, bias):
+            seen.append((a, b, bias, self.call))
+            return GemmOp.kernel_types["reference"](self.call.trans_a, self.call.trans_b)(
+                a, b, bias
+            )
+
+    with isolated_registry():
+        register_kernel_type(GemmOp, "spy", Spy)
+        tnn._ops._shared_op.cache_clear()  # the shared ops of the isolated registry
+        try:
+            out = linear(x)
+        finally:
+            tnn._ops._shared_op.cache_clear()
+    torch.testing.assert_close(out, nn.functional.linear(x, linear.weight, linear.bias))
+    return seen
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_hands_its_weight_and_bias_to_one_nt_gemm_as_they_are(bias):
+    """`x @ W^T + b` is GemmOp's NT layout with its bias epilogue: W and b reach the kernel
+    untouched (no copy, no transpose), and nothing else runs."""
+    linear = tnn.Linear(16, 8, bias=bias)
+    ((a, b, b_given, call),) = _linear_calls(linear, torch.randn(2, 5, 16))
+    assert b is linear.weight or b.data_ptr() == linear.weight.data_ptr()
+    assert b.shape == (8, 16) and a.shape == (10, 16)
+    assert (b_given is None) == (not bias) and call.has_bias == bias
+    assert (call.layout, call.m, call.n, call.k) == ("NT", 10, 8, 16)
+
+
 def test_linear_uses_a_column_major_weight_without_copying_it():
+    """A weight stored transposed ((out, in) with in-major strides) is read as an NN call."""
     linear = tnn.Linear(16, 8)
     with torch.no_grad():
         linear.weight.set_(linear.weight.t().contiguous().t())  # (out, in), column-major
-    x = torch.randn(64, 16)
-    torch.testing.assert_close(linear(x), nn.functional.linear(x, linear.weight, linear.bias))
+    ((_, b, _, call),) = _linear_calls(linear, torch.randn(64, 16))
+    assert b.data_ptr() == linear.weight.data_ptr() and call.layout == "NN"
+
+
+@pytest.mark.filterwarnings("ignore:Initializing zero-element tensors is a no-op")  # torch's
+@pytest.mark.parametrize("shape", [(2, 0), (0,), (4, 5, 0)], ids=str)
+def test_linear_of_zero_in_features_gives_the_bias_as_torch(shape):
+    ours, theirs = tnn.Linear(0, 3), nn.Linear(0, 3)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(shape)
+    torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_under_autocast_matches_torch(bias):
+    """The bias is cast with the operands, as F.linear's is: the output is bfloat16."""
+    ours, theirs = tnn.Linear(16, 8, bias=bias), nn.Linear(16, 8, bias=bias)
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(4, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, expected = ours(x), theirs(x)
+    assert out.dtype == expected.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected)
 
 
 def test_linear_rejects_an_input_of_the_wrong_width_naming_it():

@@ -61,6 +61,17 @@ def _gemm(dtype: torch.dtype) -> tuple:
     return GemmOp(), lambda a, b: a @ b, (a, b.t().contiguous().t())  # b column-major
 
 
+def _linear(dtype: torch.dtype) -> tuple:
+    """The NT layout with a bias: F.linear's gradients for x, the weight and the bias."""
+    x, weight = randn(3, 4, dtype=dtype), randn(5, 4, dtype=dtype, seed=1)
+    return GemmOp(trans_b=True), F.linear, (x, weight, randn(5, dtype=dtype, seed=2))
+
+
+def _gemm_tn(dtype: torch.dtype) -> tuple:
+    a, b = randn(4, 3, dtype=dtype), randn(4, 5, dtype=dtype, seed=1)
+    return GemmOp(trans_a=True), lambda a, b: a.T @ b, (a, b)
+
+
 CASES = {
     "layer_norm": _norm(LayerNormFwdOp, F.layer_norm, 2),
     "rms_norm": _norm(RMSNormFwdOp, F.rms_norm, 1),
@@ -68,6 +79,8 @@ CASES = {
     "batch_norm_train": _batch_norm(training=True),
     "batch_norm_infer": _batch_norm(training=False),
     "gemm": _gemm,
+    "gemm_nt_bias": _linear,
+    "gemm_tn": _gemm_tn,
 }
 
 

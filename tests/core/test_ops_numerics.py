@@ -44,6 +44,7 @@ CASES = {
         [(16, C, 49), (C,), (C,)],
     ),
     "gemm": (GemmOp(), torch.mm, [(64, 512), (512, 64)]),
+    "gemm_nt_bias": (GemmOp(trans_b=True), F.linear, [(64, 512), (64, 512), (64,)]),
 }
 
 

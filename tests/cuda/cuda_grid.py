@@ -81,5 +81,17 @@ def bn_call(
     )
 
 
-def gemm_call(m: int, n: int, k: int, dtype: torch.dtype = torch.bfloat16) -> GemmCall:
-    return GemmCall(device=torch.device("cuda:0"), m=m, n=n, k=k, dtype=dtype)
+GEMM_LAYOUTS = {"NN": (False, False), "NT": (False, True), "TN": (True, False), "TT": (True, True)}
+
+
+def gemm_call(
+    m: int,
+    n: int,
+    k: int,
+    dtype: torch.dtype = torch.bfloat16,
+    layout: str = "NN",
+    has_bias: bool = False,
+) -> GemmCall:
+    trans_a, trans_b = GEMM_LAYOUTS[layout]
+    return GemmCall(device=torch.device("cuda:0"), m=m, n=n, k=k, dtype=dtype, trans_a=trans_a,
+                    trans_b=trans_b, has_bias=has_bias)  # fmt: skip

@@ -64,6 +64,52 @@ def test_kernel_compiles_to_cubin(key, cls, arch, tilelang_cache):
         assert tilelang_cache in compiled._tilelang_cache_path
 
 
+# Beside the NN calls above, each GEMM kernel's calls in the other layouts, with and without a
+# bias (NT: tileops.nn.Linear's layout, both ways).
+GEMM_VARIANTS = [("NN", True), ("NT", False), ("NT", True), ("TN", False), ("TT", True)]
+GEMM_LAYOUT_CASES = [
+    (key, cls, arch, layout, bias)
+    for key, cls in tileops_cuda.KERNELS[GemmOp].items()
+    for arch in (80, 90)
+    if arch in cls.supported_archs
+    for layout, bias in GEMM_VARIANTS
+]
+TILELANG_OPS = {  # what each GEMM kernel's sources must hold, in every layout
+    "tilelang_gemm": ("cp_async", "mma"),
+    "tilelang_gemm_hopper": ("tl::tma_load", "tl::wgmma_ss"),
+    "tilelang_gemm_skinny": ("cp_async", "mma"),
+}
+
+
+@pytest.mark.parametrize(
+    "key,cls,arch,layout,bias",
+    GEMM_LAYOUT_CASES,
+    ids=lambda v: getattr(v, "__name__", {True: "bias", False: "-"}.get(v, str(v))),
+)
+def test_gemm_kernel_compiles_every_layout(key, cls, arch, layout, bias, tilelang_cache):
+    """Each operand is copied as it is stored and multiplied transposed where the layout says:
+    the same instructions as NN (TMA and wgmma on sm_90a), and a Bias argument where a bias is
+    added (the skinny kernel's split-k: in the kernel that sums the partials)."""
+    base = GEMM_CALLS[key]
+    call = gemm_call(base.m, base.n, base.k, base.dtype, layout, bias)
+    identity, kernel = build(cls, call, arch)
+    assert identity[0] == arch and (layout, bias) == identity[4:6]
+    texts = sources(kernel)
+    for compiled, text in zip(kernel.compiled, texts, strict=True):
+        assert compiled.target.attrs["arch"] == f"sm_{arch}{cls.__dict__.get('features', '')}"
+        assert "__global__" in text
+    assert all(op in texts[0] for op in TILELANG_OPS[key])
+    assert ("wgmma" in texts[0]) == (key == "tilelang_gemm_hopper")
+    assert any("Bias" in text.split("{")[0] for text in texts) == bias
+
+
+def test_skinny_gemm_fixup_adds_the_bias_in_its_sum(tilelang_cache):
+    """m = 1 (decode), NT with a bias: tileops.nn.Linear's call, one kernel."""
+    _, kernel = build(gemm.GemmSkinny, gemm_call(1, 4096, 4096, layout="NT", has_bias=True), 80)
+    (source,) = sources(kernel)
+    assert "bfloat16_t* __restrict__ Bias" in source and "Count[((int)blockIdx.x)] = 0" in source
+
+
 def test_split_channel_entry_holds_the_partial_and_finish_kernels(tilelang_cache):
     call = BN_CALLS["tilelang_bn_split_channel"]
     _, kernel = build(batch_norm.BatchNormSplitChannel, call, 90)
@@ -163,5 +209,11 @@ def test_skinny_gemm_splits_k_into_float32_partials(tilelang_cache):
 def test_gemm_with_k_zero_builds_nothing():
     _, kernel = build(gemm.GemmGeneral, gemm_call(5, 7, 0), 80)
     assert kernel.compiled == []
-    zeros = kernel(torch.ones(5, 0, dtype=torch.bfloat16), torch.ones(0, 7, dtype=torch.bfloat16))
+    zeros = kernel(torch.ones(5, 0, dtype=torch.bfloat16), torch.ones(0, 7, dtype=torch.bfloat16),
+                   None)  # fmt: skip
     assert zeros.shape == (5, 7) and not zeros.any()
+    _, kernel = build(gemm.GemmGeneral, gemm_call(5, 7, 0, layout="TT", has_bias=True), 80)
+    bias = torch.arange(7, dtype=torch.bfloat16)
+    given = kernel(torch.ones(0, 5, dtype=torch.bfloat16), torch.ones(7, 0, dtype=torch.bfloat16),
+                   bias)  # fmt: skip
+    assert kernel.compiled == [] and torch.equal(given, bias.expand(5, 7))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from cuda_grid import bn_call, gemm_call
+from cuda_grid import GEMM_LAYOUTS, bn_call, gemm_call
 
 from tileops.ops import BatchNormFwdOp, GemmOp
 from tileops.ops.norm.batch_norm import BatchNormInferReference, BatchNormTrainReference
@@ -203,10 +203,70 @@ def test_gemm_kernel_matches_reference(cls, shape, dtype):
     if cls.refusal(call) is not None or not runs_here(cls):
         pytest.skip("not this kernel's region or arch on this device")
     a, b = _gemm_inputs(*shape, dtype)
-    got = cls.entry_for(call)[1]()(a, b)
-    want = a.float() @ b.float()
+    got = cls.entry_for(call)[1]()(a, b, None)
+    want = a.double() @ b.double()
     assert got.shape == want.shape and got.dtype == dtype and got.is_contiguous()
     assert _rel_err(got, want) < TOLERANCE[dtype]
+
+
+# Every layout on each kernel's calls: aligned, misaligned (the Hopper kernel pads m, n and k as
+# they are stored), tiny, decode (split k with its fixup and its reduce kernel), the Hopper
+# decode tile and a misaligned m that TMA cannot read transposed. A bias on half of them.
+LAYOUT_SHAPES = [(4096, 4096, 4096), (1000, 1001, 999), (4100, 4095, 4100), (7, 13, 5),
+                 (1, 4096, 4096), (16, 4096, 4096), (48, 4096, 4096), (57, 8192, 8192)]  # fmt: skip
+LAYOUT_VARIANTS = [("NT", True), ("NT", False), ("TN", False), ("TT", True), ("NN", True)]
+
+
+def stored(t: torch.Tensor, trans: bool) -> torch.Tensor:
+    return t.t().contiguous() if trans else t
+
+
+@pytest.mark.parametrize("layout,bias", LAYOUT_VARIANTS, ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    "cls,shape",
+    [(cls, s) for cls in GEMM_KERNELS for s in LAYOUT_SHAPES],
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+def test_gemm_kernel_reads_every_layout(cls, shape, layout, bias):
+    """Against the float64 product (plus bias) of the same values, read as stored."""
+    call = gemm_call(*shape, torch.bfloat16, layout, bias)
+    if cls.refusal(call) is not None or not runs_here(cls):
+        pytest.skip("not this kernel's region or arch on this device")
+    trans_a, trans_b = GEMM_LAYOUTS[layout]
+    a, b = _gemm_inputs(*shape, torch.bfloat16)
+    given = torch.randn(shape[1], device="cuda", dtype=torch.bfloat16) if bias else None
+    got = cls.entry_for(call)[1]()(stored(a, trans_a), stored(b, trans_b), given)
+    want = a.double() @ b.double() + (0 if given is None else given.double())
+    assert got.shape == want.shape and got.is_contiguous()
+    assert _rel_err(got, want) < TOLERANCE[torch.bfloat16]
+
+
+@pytest.mark.parametrize("layout", ["NN", "NT"])
+@pytest.mark.parametrize(
+    "cls,m",
+    [
+        (gemm.GemmGeneral, 100),
+        (gemm.GemmHopper, 128),
+        (gemm.GemmHopper, 48),
+        (gemm.GemmSkinny, 1),
+        (gemm.GemmSkinny, 16),
+    ],  # fmt: skip
+    ids=lambda v: getattr(v, "__name__", str(v)),
+)
+def test_gemm_kernel_adds_the_bias_before_the_one_rounding(cls, m, layout):
+    """257 ones (then zeros) along k sum to 257, which bfloat16 rounds to 256; plus a bias of
+    1 it is exactly 258, as F.linear gives: the bias joins the float32 sum (unsplit, in the
+    skinny fixup at m = 1 and in its reduce kernel at m = 16), not the rounded product."""
+    call = gemm_call(m, 4096, 4096, torch.bfloat16, layout, has_bias=True)
+    if cls.refusal(call) is not None or not runs_here(cls):
+        pytest.skip("not this kernel's region or arch on this device")
+    a = torch.zeros(m, 4096, device="cuda", dtype=torch.bfloat16)
+    a[:, :257] = 1
+    b = torch.ones(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    bias = torch.ones(4096, device="cuda", dtype=torch.bfloat16)
+    got = cls.entry_for(call)[1]()(a, b, bias)  # b is square: stored either way
+    assert got.eq(258).all()
+    assert F.linear(a, b, bias).eq(258).all()
 
 
 @pytest.mark.parametrize("shape", GEMM_SHAPES + [(128, 64, 0), (3, 5, 0)], ids=str)
@@ -220,6 +280,25 @@ def test_dispatched_gemm_matches_torch(shape):
         assert _rel_err(got, want) < TOLERANCE[torch.bfloat16]
 
 
+@pytest.mark.parametrize(
+    "shape", [(1, 4096, 4096), (48, 4096, 4096), (300, 1001, 999), (2048, 4096, 4096)], ids=str
+)
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_matches_f_linear(shape, bias):
+    """tnn.Linear, as dispatched: one NT GEMM over its (out, in) weight, the bias its epilogue."""
+    import tileops.nn as tnn
+
+    m, n, k = shape
+    linear = tnn.Linear(k, n, bias=bias, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    got = linear(x)
+    bias_ = None if linear.bias is None else linear.bias.double()
+    want = F.linear(x.double(), linear.weight.double(), bias_)
+    assert got.dtype == torch.bfloat16 and _rel_err(got, want) < TOLERANCE[torch.bfloat16]
+    call = gemm_call(m, n, k, torch.bfloat16, "NT", bias)
+    assert GemmOp(trans_b=True).key_for("gemm", call).startswith("tilelang_gemm")
+
+
 @pytest.mark.parametrize("cls", list(GEMM_KERNELS), ids=lambda c: c.__name__)
 @pytest.mark.parametrize("m", [16, 4096])
 def test_gemm_takes_an_unaligned_view(cls, m):
@@ -229,7 +308,7 @@ def test_gemm_takes_an_unaligned_view(cls, m):
     call = gemm_call(m, 4096, 4096, torch.bfloat16)
     if cls.refusal(call) is not None or not runs_here(cls):
         pytest.skip("not this kernel's region or arch on this device")
-    got = cls.entry_for(call)[1]()(a, b)
+    got = cls.entry_for(call)[1]()(a, b, None)
     assert _rel_err(got, a.float() @ b.float()) < TOLERANCE[torch.bfloat16]
 
 
@@ -267,7 +346,7 @@ def test_skinny_gemm_fixup_sums_every_split_and_resets_its_counters(shape):
     kernel = _fixup_kernel(call)
     for _ in range(3):  # counters left at zero: the next call counts from scratch
         a, b = _gemm_inputs(*shape, torch.bfloat16)
-        assert _rel_err(kernel(a, b), a.float() @ b.float()) < TOLERANCE[torch.bfloat16]
+        assert _rel_err(kernel(a, b, None), a.float() @ b.float()) < TOLERANCE[torch.bfloat16]
     assert all(not counters.any() for counters in kernel._counters.values())
 
 
@@ -280,7 +359,7 @@ def test_skinny_gemm_fixup_keeps_one_set_of_counters_per_stream():
     outputs = []
     for stream, (a, b) in zip(streams, inputs, strict=True):
         with torch.cuda.stream(stream):
-            outputs.append([kernel(a, b) for _ in range(20)][-1])
+            outputs.append([kernel(a, b, None) for _ in range(20)][-1])
     torch.cuda.synchronize()
     assert len(kernel._counters) == 2
     for got, (a, b) in zip(outputs, inputs, strict=True):

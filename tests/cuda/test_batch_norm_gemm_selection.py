@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 import torch
-from cuda_grid import SIMULATED, bn_call, gemm_call
+from cuda_grid import GEMM_LAYOUTS, SIMULATED, bn_call, gemm_call
 
 import tileops_cuda
 from tileops.ops import BatchNormFwdOp, GemmOp
@@ -352,6 +352,34 @@ def test_gemm_region_edges(shape, arch, key, dtype):
     assert gemm_key(gemm_call(*shape, dtype), arch) == key
 
 
+# Layouts whose regions differ from NN's: a transposed a's rows are m long, so TMA needs m
+# aligned too (padded from 2^36 flops); a bias changes no region.
+GEMM_LAYOUT_EDGES = [
+    ((1, 4096, 4096), "NT", 90, "tilelang_gemm_skinny"),  # Linear at decode
+    ((48, 4096, 4096), "NT", 90, "tilelang_gemm_hopper"),
+    ((8192, 4096, 4096), "NT", 90, "tilelang_gemm_hopper"),  # Linear at prefill
+    ((8192, 4096, 4096), "NT", 80, "tilelang_gemm"),
+    ((4096, 4096, 4096), "TN", 90, "tilelang_gemm_hopper"),
+    ((4100, 4096, 4096), "TN", 90, "tilelang_gemm_hopper"),  # m padded to 4104
+    ((2044, 4096, 4096), "TN", 90, "tilelang_gemm"),  # below 2^36 flops: not worth padding
+    ((2044, 4096, 4096), "NN", 90, "tilelang_gemm_hopper"),  # m is no row pitch in NN
+    ((2044, 4096, 4096), "NT", 90, "tilelang_gemm_hopper"),
+    ((2044, 4096, 4096), "TT", 90, "tilelang_gemm"),
+    ((48, 4096, 4096), "TN", 90, "tilelang_gemm_hopper"),
+    ((57, 4096, 4096), "TN", 90, "tilelang_gemm_skinny"),  # m misaligned: TMA cannot read a
+    ((57, 4096, 4096), "NN", 90, "tilelang_gemm_hopper"),
+    ((64, 4096, 4096), "TT", 80, "tilelang_gemm_skinny"),
+    ((128, 64, 0), "TT", 90, "tilelang_gemm"),  # k == 0: the bias, or zeros
+]
+
+
+@pytest.mark.usefixtures("cuda_kernels_only")
+@pytest.mark.parametrize("has_bias", [False, True])
+@pytest.mark.parametrize("shape,layout,arch,key", GEMM_LAYOUT_EDGES)
+def test_gemm_layout_region_edges(shape, layout, arch, key, has_bias):
+    assert gemm_key(gemm_call(*shape, torch.bfloat16, layout, has_bias), arch) == key
+
+
 GEMM_GRID = list(
     itertools.product((1, 16, 63, 64, 65, 127, 4096), (1, 7, 8, 4095, 4096), (0, 1, 8, 4100))
 )
@@ -360,16 +388,24 @@ GEMM_GRID = list(
 @pytest.mark.usefixtures("cuda_kernels_only")
 @pytest.mark.parametrize("arch", [80, 86, 90])
 def test_every_gemm_call_is_served(arch):
-    """16-bit calls by a TileLang key; float32 (tf32 refused) by the reference."""
-    for (m, n, k), dtype in itertools.product(GEMM_GRID, DTYPES):
-        key = gemm_key(gemm_call(m, n, k, dtype), arch)
+    """16-bit calls in every layout, with a bias or without, by a TileLang key; float32 (tf32
+    refused) by the reference."""
+    variants = itertools.product(GEMM_GRID, DTYPES, GEMM_LAYOUTS, (False, True))
+    for (m, n, k), dtype, layout, has_bias in variants:
+        key = gemm_key(gemm_call(m, n, k, dtype, layout, has_bias), arch)
         assert key == "reference" if dtype == torch.float32 else key.startswith("tilelang_gemm")
 
 
 def test_gemm_refusals_say_why():
     with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
         assert "k == 0" in gemm.GemmHopper.refusal(gemm_call(4096, 4095, 0))
-        assert "padding them costs more" in gemm.GemmHopper.refusal(gemm_call(2048, 4095, 4096))
+        assert gemm.GemmHopper.refusal(gemm_call(2048, 4095, 4096)) == (
+            "TMA needs 16-byte aligned rows: n=4095 is not a multiple of 8 (NN), and below "
+            "68719476736 flops padding costs more than it saves; tilelang_gemm serves it"
+        )
+        assert "rows: m=2044 and k=4100 are not multiples of 8 (TN)" in gemm.GemmHopper.refusal(
+            gemm_call(2044, 4096, 4100, layout="TN")
+        )
         assert "tf32" in gemm.GemmGeneral.refusal(gemm_call(64, 64, 64, torch.float32))
         assert "m <= 64" in gemm.GemmSkinny.refusal(gemm_call(65, 64, 64))
         assert "m=48 >= 48 on sm_90: tilelang_gemm_hopper streams the weight faster" in (
@@ -399,6 +435,13 @@ def test_gemm_identities_bake_n_and_k_and_bucket_m():
         assert hopper.entry_for(gemm_call(4096, 4096, 4096, torch.float16))[0] != base
         # misaligned layers build their padded shape: 4095 pads to 4096
         assert hopper.entry_for(gemm_call(4096, 4095, 4089))[0] == base
+        # each layout and the bias are builds of their own; m stays free in every layout
+        variants = [(layout, bias) for layout in GEMM_LAYOUTS for bias in (False, True)]
+        built = {hopper.entry_for(gemm_call(4096, 4096, 4096, layout=v[0], has_bias=v[1]))[0]
+                 for v in variants}  # fmt: skip
+        assert len(built) == len(variants) and base in built
+        tn = hopper.entry_for(gemm_call(4096, 4096, 4096, layout="TN"))[0]
+        assert hopper.entry_for(gemm_call(8192, 4096, 4096, layout="TN"))[0] == tn
         buckets = {skinny.entry_for(gemm_call(m, 4096, 4096))[0] for m in range(1, 65)}
         assert len(buckets) == 4  # row tiles of 16 (m = 1 apart: its fixup), 32 and 64
         decode = {hopper.entry_for(gemm_call(m, 4096, 4096))[0] for m in range(1, 65)}
@@ -460,19 +503,27 @@ def test_no_call_is_ambiguous_beside_triton(arch):
                 assert chosen.chosen is not None
 
 
-@pytest.mark.parametrize("m,n,k", [(5, 13, 11), (5, 16, 11), (5, 13, 16), (3, 8, 8)])
-def test_hopper_forward_pads_misaligned_operands_with_zeros(m, n, k):
-    """The compiled kernel sees 16-byte aligned rows; the caller gets exactly (m, n)."""
+@pytest.mark.parametrize("layout", GEMM_LAYOUTS)
+@pytest.mark.parametrize("m,n,k", [(5, 13, 11), (5, 16, 11), (5, 13, 16), (3, 8, 8), (8, 8, 8)])
+def test_hopper_forward_pads_misaligned_operands_with_zeros(m, n, k, layout):
+    """The compiled kernel sees 16-byte aligned rows, each operand padded as it is stored (m too
+    where a is transposed), the bias with n; the caller gets exactly (m, n)."""
     seen = []
+    trans_a, trans_b = GEMM_LAYOUTS[layout]
 
-    def compiled(a, b, c):
-        seen.append((tuple(a.shape), tuple(b.shape), tuple(c.shape)))
-        c.copy_(a.float() @ b.float())
+    def compiled(a, b, c, bias):
+        seen.append((tuple(a.shape), tuple(b.shape), tuple(c.shape), tuple(bias.shape)))
+        product = (a.t() if trans_a else a).float() @ (b.t() if trans_b else b).float()
+        c.copy_(product + bias.float())
 
     a = torch.randn(m, k, dtype=torch.bfloat16)
     b = torch.randn(k, n, dtype=torch.bfloat16)
-    got = gemm.GemmHopper(gemm_call(m, n, k), [compiled])(a, b)
-    kp, np_ = -(-k // 8) * 8, -(-n // 8) * 8
-    assert seen == [((m, kp), (kp, np_), (m, np_))]
+    bias = torch.randn(n, dtype=torch.bfloat16)
+    kernel = gemm.GemmHopper(gemm_call(m, n, k, layout=layout, has_bias=True), [compiled])
+    got = kernel(a.t().contiguous() if trans_a else a, b.t().contiguous() if trans_b else b, bias)
+    mp, kp, np_ = (-(-size // 8) * 8 for size in (m, k, n))
+    mp = mp if trans_a else m
+    a_shape, b_shape = (kp, mp) if trans_a else (mp, kp), (np_, kp) if trans_b else (kp, np_)
+    assert seen == [(a_shape, b_shape, (mp, np_), (np_,))]
     assert got.shape == (m, n) and got.is_contiguous()
-    torch.testing.assert_close(got, (a.float() @ b.float()).bfloat16())
+    torch.testing.assert_close(got, (a.float() @ b.float() + bias.float()).bfloat16())

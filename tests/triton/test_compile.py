@@ -3,7 +3,8 @@ which compiles nothing): a held row keeps its bfloat16 values packed between its
 program needs far fewer registers than the fused one that keeps float32 values. Were the second
 widening merged with the first (`x.to(tl.float32)` twice), the held programs would need about
 as many as the fused ones, and the plans' register caps (plans.HELD) would spill; the served
-plans are compiled under their caps with the installed Triton.
+plans are compiled under their caps with the installed Triton. The GEMM program compiles every
+layout to warpgroup MMAs.
 """
 
 from __future__ import annotations
@@ -79,3 +80,32 @@ def test_served_held_plans_fit_their_register_caps(family, block):
     warps, maxnreg = HELD[family][block]
     registers, spills = ptxas_usage(f"{family}_held", warps, maxnreg, block)
     assert registers <= maxnreg and spills <= 32, (registers, spills)
+
+
+GEMM_TYPES = {"A": "*bf16", "B": "*bf16", "C": "*bf16", "Bias": "*bf16", "M": "i32", "N": "i32",
+              "K": "i32"}  # fmt: skip
+
+
+@pytest.mark.parametrize("trans_a", [False, True], ids=["N", "T"])
+@pytest.mark.parametrize("trans_b", [False, True], ids=["N", "T"])
+def test_gemm_program_compiles_every_layout_for_sm_90_to_warpgroup_mmas(trans_a, trans_b):
+    """Each layout's tiles reach the tensor cores as they are stored: Triton's Hopper matmul
+    (wgmma from shared memory), with a bias in the epilogue, bfloat16, the tutorial's tile."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from tileops_triton.gemm import programs
+
+    program = programs.gemm
+    signature = {arg: GEMM_TYPES.get(arg, "constexpr") for arg in program.arg_names}
+    flags = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8, "SPLIT_K": 1,
+             "EVEN_K": True, "UPCAST": False, "PRECISION": "tf32", "TRANS_A": trans_a,
+             "TRANS_B": trans_b, "HAS_BIAS": True}  # fmt: skip
+    aligned = {(i,): [["tt.divisibility", 16]] for i, arg in enumerate(signature)
+               if signature[arg] != "constexpr"}  # fmt: skip
+    source = ASTSource(program, signature, flags, attrs=aligned)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 8, "num_stages": 3})  # fmt: skip
+    ptx = compiled.asm["ptx"]
+    assert "wgmma.mma_async" in ptx and ".bf16" in ptx

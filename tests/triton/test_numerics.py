@@ -51,13 +51,27 @@ def check_rows(device: str, rows: int, n: int, dtype: torch.dtype) -> None:
     assert rel_error(got, torch.softmax(x.double(), -1)) < TOLERANCE[dtype]
 
 
-def check_gemm(device: str, m: int, n: int, k: int, dtype: torch.dtype) -> None:
+LAYOUTS = {"NN": (False, False), "NT": (False, True), "TN": (True, False), "TT": (True, True)}
+
+
+def stored(t: torch.Tensor, trans: bool) -> torch.Tensor:
+    """`t` as a transposed operand is stored: its transpose, contiguous."""
+    return t.t().contiguous() if trans else t
+
+
+def check_gemm(
+    device: str, m: int, n: int, k: int, dtype: torch.dtype, layout: str = "NN", bias=False
+) -> None:
+    """GemmOp in `layout` (with a bias) against the float64 product of the same values."""
+    trans_a, trans_b = LAYOUTS[layout]
     a, b = inputs((m, k), dtype, device), inputs((k, n), dtype, device)
-    got = GemmOp()(a, b)
+    b_ = inputs((n,), dtype, device) if bias else None
+    got = GemmOp(trans_a, trans_b)(stored(a, trans_a), stored(b, trans_b), b_)
+    want = a.double() @ b.double() + (0 if b_ is None else b_.double())
     if k == 0:
-        assert torch.equal(got, torch.zeros_like(got))
+        assert torch.equal(got, want.to(dtype).expand_as(got))
         return
-    assert rel_error(got, a.double() @ b.double()) < TOLERANCE[dtype]
+    assert rel_error(got, want) < TOLERANCE[dtype]
 
 
 @interpreted
@@ -156,6 +170,15 @@ def test_gemm_matches_torch_in_the_interpreter(m, n, k, dtype) -> None:
 
 @interpreted
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True], ids=["", "bias"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 7, 5), (70, 33, 100), (3, 4, 0)])
+def test_every_layout_matches_torch_in_the_interpreter(m, n, k, layout, bias, dtype) -> None:
+    check_gemm("cpu", m, n, k, dtype, layout, bias)
+
+
+@interpreted
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     "config",
     [
@@ -170,6 +193,25 @@ def test_gemm_configs_match_torch(config, dtype) -> None:
     out = torch.full((40, 50), float("nan"), dtype=dtype)
     gemm(config, a, b, out)
     assert rel_error(out, a.double() @ b.double()) < TOLERANCE[dtype]
+    bias = inputs((50,), dtype, "cpu")
+    for layout, (trans_a, trans_b) in LAYOUTS.items():  # split partials and ragged k, stored
+        out.fill_(float("nan"))
+        gemm(config, stored(a, trans_a), stored(b, trans_b), out, bias,
+             trans_a=trans_a, trans_b=trans_b)  # fmt: skip
+        want = a.double() @ b.double() + bias.double()
+        assert rel_error(out, want) < TOLERANCE[dtype], layout
+
+
+@interpreted
+@pytest.mark.parametrize(
+    "config", [GemmConfig(16, 16, 64), GemmConfig(16, 16, 64, split_k=4)], ids=["", "split-k"]
+)
+def test_gemm_adds_the_bias_before_the_one_rounding(config) -> None:
+    """257 ones sum to 257, which bfloat16 rounds to 256; plus a bias of 1 it is exactly 258."""
+    a, b = torch.ones(3, 257, dtype=torch.bfloat16), torch.ones(257, 4, dtype=torch.bfloat16)
+    out = torch.empty(3, 4, dtype=torch.bfloat16)
+    gemm(config, a, b, out, torch.ones(4, dtype=torch.bfloat16))
+    assert out.eq(258).all()
 
 
 def test_gemm_candidates_fit_the_shared_memory_budget() -> None:
@@ -213,6 +255,15 @@ def test_held_softmax_matches_torch_on_the_gpu(warps, maxnreg) -> None:
 def test_gemm_matches_torch_on_the_gpu(monkeypatch, m, n, k, dtype) -> None:
     monkeypatch.setattr(compile, "AUTOTUNE", (m, dtype) == (1024, torch.bfloat16))  # one tuning
     check_gemm("cuda", m, n, k, dtype)
+
+
+@pytest.mark.gpu
+@compiled
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 4096, 4096), (300, 200, 130), (5, 5, 0)])
+def test_every_layout_with_a_bias_matches_torch_on_the_gpu(monkeypatch, m, n, k, layout):
+    monkeypatch.setattr(compile, "AUTOTUNE", False)
+    check_gemm("cuda", m, n, k, torch.float32, layout, bias=True)
 
 
 @pytest.mark.gpu

@@ -37,7 +37,7 @@ def test_the_detector_claims_cuda_devices_of_rocm_builds_only(monkeypatch, hip, 
         (target.build_layer_norm, 3, {"normalized_shape": (8,), "eps": 1e-5}),
         (target.build_rms_norm, 2, {"normalized_shape": (8,), "eps": None}),
         (target.build_softmax, 1, {"dim": -1}),
-        (target.build_gemm, 2, {}),
+        (target.build_gemm, 3, {"trans_a": False, "trans_b": True}),
     ],
 )
 def test_builders_raise_for_devices_triton_cannot_run_on(build, specs, params) -> None:
@@ -111,8 +111,21 @@ def test_the_norm_and_gemm_kernels_write_the_output_buffers() -> None:
     torch.testing.assert_close(out, F.rms_norm(x, (2, 6), w))
     a, b = torch.randn(5, 0), torch.randn(0, 4)
     product = torch.full((5, 4), float("nan"))
-    target.build_gemm(TensorSpec.of(a), TensorSpec.of(b))(a, b, out=product)
+    layout = {"trans_a": False, "trans_b": False}
+    target.build_gemm(TensorSpec.of(a), TensorSpec.of(b), None, **layout)(a, b, None, out=product)
     assert torch.equal(product, torch.zeros(5, 4))
+
+
+@interpreted
+@pytest.mark.parametrize("trans_a", [False, True])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_the_target_reads_every_gemm_layout_with_a_bias(trans_a, trans_b) -> None:
+    a, b, bias = torch.randn(6, 10), torch.randn(10, 7), torch.randn(7)
+    given = (a.t().contiguous() if trans_a else a, b.t().contiguous() if trans_b else b)
+    op = GemmOp(trans_a, trans_b, target="triton")
+    got = op(*given, bias)
+    assert op.settled_target == "triton"
+    torch.testing.assert_close(got, torch.addmm(bias, a, b), rtol=1e-5, atol=1e-5)
 
 
 def test_on_rocm_the_target_builds_every_op_of_the_catalogue_its_detector_claims(monkeypatch):

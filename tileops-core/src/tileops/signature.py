@@ -181,8 +181,9 @@ class Signature:
         return self._parse(op, args, kwargs)
 
     def _parse(self, op: str, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
-        if not kwargs and len(args) == len(self.inputs):  # every input by position: common
-            return args
+        absent = len(self.inputs) - len(args)
+        if not kwargs and absent >= 0:  # inputs by position, trailing optional ones left out
+            return (*args, *((None,) * absent)) if absent else args
         if len(args) > len(self.inputs):
             raise OpInputError(
                 f"{op}() takes at most {len(self.inputs)} tensor arguments "

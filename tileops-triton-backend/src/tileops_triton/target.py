@@ -100,13 +100,20 @@ def build_softmax(x: TensorSpec, *, dim: int) -> Callable[..., None]:
     return run
 
 
-def build_gemm(a: TensorSpec, b: TensorSpec) -> Callable[..., None]:
-    (m, k), n = a.shape, b.shape[1]
+def build_gemm(
+    a: TensorSpec, b: TensorSpec, bias: TensorSpec | None, *, trans_a: bool, trans_b: bool
+) -> Callable[..., None]:
+    """a (m, k) or (k, m) with `trans_a`, b (k, n) or (n, k) with `trans_b`, read as stored."""
+    (m, k), n = (a.shape[::-1] if trans_a else a.shape), b.shape[0 if trans_b else 1]
     _check(a, "GemmOp", n)
-    kernel = _built(TritonGemm, GemmCall(device=a.device, m=m, n=n, k=k, dtype=a.dtype))
+    call = GemmCall(
+        device=a.device, m=m, n=n, k=k, dtype=a.dtype, trans_a=trans_a, trans_b=trans_b,
+        has_bias=bias is not None,
+    )  # fmt: skip
+    kernel = _built(TritonGemm, call)
 
-    def run(a, b, *, out, **execution):
-        kernel.into(a, b, out)
+    def run(a, b, bias, *, out, **execution):
+        kernel.into(a, b, bias, out)
 
     return run
 

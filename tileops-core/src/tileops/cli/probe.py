@@ -16,7 +16,7 @@ import math
 import re
 import sys
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,10 +28,10 @@ from ..signature import BATCH
 
 Shape = tuple[int, ...]
 
-SHAPE_CONVENTIONS: dict[str, Callable[[Shape], list[Shape]]] = {
-    "tileops::GemmOp": lambda s: [(s[0], s[2]), (s[2], s[1])],  # M,N,K -> a (M,K), b (K,N)
-}
-"""Ops whose `--shape` is not their first input's shape: op name -> the inputs' shapes."""
+SHAPE_CONVENTIONS: dict[str, tuple[str, ...]] = {"tileops::GemmOp": ("m", "n", "k")}
+"""Ops whose `--shape` is not their first input's shape: op name -> the sizes it gives, by the
+names of the signature's dims (each input's shape follows from the op's own patterns, so
+GemmOp's `trans_a` / `trans_b` lay them out)."""
 
 
 @dataclass(frozen=True)
@@ -212,17 +212,19 @@ def _input_shapes(op: Op, shape: Shape, omit: set[str]) -> list[Shape | None]:
     if unknown:
         optional = ", ".join(s.name for s in specs if s.optional) or "none"
         raise ValueError(f"--omit takes optional inputs of {type(op).op_name} ({optional})")
-    convention = SHAPE_CONVENTIONS.get(type(op).op_name)
-    if convention is not None:
-        if len(shape) != len(specs) + 1:
-            raise ShapeError(f"{type(op).op_name} takes M,N,K, got {list(shape)}")
-        shapes = convention(shape)
-        return [None if s.name in omit else d for s, d in zip(specs, shapes, strict=True)]
     plan = op.signature.plan(op.params())
     sizes = dict(plan.sizes)
-    plan.patterns[0].match(shape, sizes)  # binds the names; a mismatch is reported by bind()
-    shapes: list[Shape | None] = [shape]
-    for spec, pattern in zip(specs[1:], plan.patterns[1:], strict=True):
+    convention = SHAPE_CONVENTIONS.get(type(op).op_name)
+    shapes: list[Shape | None] = []
+    if convention is None:
+        plan.patterns[0].match(shape, sizes)  # binds the names; a mismatch is reported by bind()
+        shapes.append(shape)
+    elif len(shape) != len(convention):
+        given = ",".join(name.upper() for name in convention)
+        raise ShapeError(f"{type(op).op_name} takes {given}, got {list(shape)}")
+    else:
+        sizes.update(zip(convention, shape, strict=True))
+    for spec, pattern in zip(specs[len(shapes) :], plan.patterns[len(shapes) :], strict=True):
         dims = [sizes.get(d, d) if isinstance(d, str) else d for d in pattern.head + pattern.tail]
         resolved = all(isinstance(d, int) for d in dims)
         if spec.name in omit or (spec.optional and not resolved):

@@ -1,21 +1,10 @@
 """`Linear`: torch.nn's module, multiplying through `GemmOp`.
 
-Weight layout, and what a call copies. The weight stays in torch's (out, in) row-major layout:
-state_dict, tied weights (an embedding shared with an output projection), views, FSDP/DDP and
-kernelize's "same tensors" rule all depend on it. GemmOp takes a (m, k) @ (k, n) pair of
-contiguous tensors, so `x @ W^T` needs a transposed copy of something. Each call picks the
-cheaper of two exact formulations (m rows of x, k = in_features, n = out_features):
-
-- weight route, `x @ (W^T copy)`: copies k*n elements; for many rows (training, prefill).
-- token route, `(W @ x^T)^T`: copies x^T and the result, m*(k+n) elements; for few rows
-  (decode: with m = 1 both transposes are free views).
-
-So no call copies more than min(k*n, m*(k+n)) elements, and nothing is held between calls. A
-weight whose transpose is already contiguous (a column-major weight) is used as is, copy-free.
-A W^T cache keyed on `weight._version` was rejected: it holds a second copy of every weight
-(doubling weight memory in inference, where it would hit), misses on every training step
-(the optimizer bumps the version), and would have to be keyed on grad and inference mode too.
-The copy goes away for good once GemmOp offers a (n, k) "nt" layout for b, as cuBLAS does.
+The weight stays in torch's (out, in) row-major layout (state_dict, tied weights, views,
+FSDP/DDP and kernelize's "same tensors" rule depend on it) and is passed as it is: `x @ W^T`
+is GemmOp's NT layout (`trans_b=True`), which the kernels read in place, and the bias is the
+op's epilogue, added before the one rounding as `F.linear` adds it. Nothing is copied, and no
+choice depends on the number of rows, so a symbolic batch traces to one graph.
 """
 
 from __future__ import annotations
@@ -30,10 +19,8 @@ from ._ops import op_for
 
 
 class Linear(TileModule, nn.Linear):
-    """`torch.nn.Linear` (same arguments): `y = x @ W^T + b` over any leading dims via GemmOp.
-
-    The bias is added after the GEMM, in the op's dtype (GemmOp has no bias epilogue).
-    """
+    """`torch.nn.Linear` (same arguments): `y = x @ W^T + b` over any leading dims, one
+    `GemmOp(trans_b=True)` call with the bias in its epilogue."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # torch.nn.Linear's keyword
         x = input
@@ -43,17 +30,6 @@ class Linear(TileModule, nn.Linear):
                 f"multiplied by weight of shape {list(self.weight.shape)}; its last dim must "
                 f"be in_features={self.in_features}"
             )
-        rows = x.reshape(x.shape[:-1].numel(), self.in_features)  # -1 is ambiguous for in=0
-        y = _matmul_wt(op_for(GemmOp, x.device), rows, self.weight)
-        if self.bias is not None:
-            y = y + self.bias
+        rows = x.flatten(0, -2) if x.dim() > 1 else x.unsqueeze(0)  # reshape(-1, 0) is ambiguous
+        y = op_for(GemmOp, x.device, False, True)(rows, self.weight, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
-
-
-def _matmul_wt(gemm: GemmOp, rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """`rows @ weight^T` through `gemm`, by the route that copies less (see the module doc)."""
-    (m, k), n = rows.shape, weight.shape[0]
-    weight_t = weight.t()
-    if weight_t.is_contiguous() or m * (k + n) >= k * n:
-        return gemm(rows, weight_t)
-    return gemm(weight, rows.t()).t().contiguous()

@@ -1,4 +1,5 @@
-"""GEMM, matching `a @ b` for 2-D a and b."""
+"""GEMM, matching `op(a) @ op(b) (+ bias)` for 2-D a and b, each operand stored as it is given
+or transposed (cuBLAS's and upstream TileOPs' `trans_a` / `trans_b` layouts)."""
 
 from __future__ import annotations
 
@@ -12,66 +13,148 @@ from ..callspec import CallSpec
 from ..kernel import KernelInterface
 from ..op import Op
 from ..signature import Input, Output, Signature
-from ._common import ReferenceKernel, sample_case
+from ._common import ReferenceKernel, bool_param, sample_case
 
 if TYPE_CHECKING:
     from ..samples import Case
 
+LAYOUTS = {(False, False): "NN", (False, True): "NT", (True, False): "TN", (True, True): "TT"}
+"""(trans_a, trans_b) -> the layout's name, as cuBLAS and DeepGEMM spell it."""
+
 
 class GemmCall(CallSpec):
-    """One GEMM call: (m, k) @ (k, n)."""
+    """One GEMM call: op(a) (m, k) @ op(b) (k, n), plus a bias of n when `has_bias`.
+
+    `trans_a`: a is stored (k, m), `trans_b`: b is stored (n, k) (`x @ W^T` with torch's
+    (out, in) weight is trans_b). The layout the kernel reads, not only the op's flags: an
+    operand passed as a transposed view of a contiguous tensor flips its flag (see GemmOp).
+    """
 
     m: int
     n: int
     k: int
     dtype: torch.dtype
+    trans_a: bool = False
+    trans_b: bool = False
+    has_bias: bool = False
+
+    @property
+    def layout(self) -> str:
+        return LAYOUTS[self.trans_a, self.trans_b]
 
 
 class GemmInterface(KernelInterface):
-    """Interface "gemm": `a @ b`.
+    """Interface "gemm": `op(a) @ op(b) + bias`.
 
-    Layout contract: `a` is a contiguous (m, k) tensor and `b` a contiguous (k, n) tensor, both
-    of the call's dtype. Return a contiguous (m, n) tensor of that dtype, accumulated in at least
-    float32. Calls with m == 0 or n == 0 never reach a kernel; k == 0 does (the result is zeros).
+    Layout contract: `a` is a contiguous tensor of shape (k, m) if `call.trans_a` else (m, k),
+    `b` of shape (n, k) if `call.trans_b` else (k, n), both of the call's dtype; `bias` is None,
+    or (`call.has_bias`) a contiguous (n,) tensor of that dtype. Return a contiguous (m, n)
+    tensor of that dtype: the products accumulated in at least float32, the bias added before
+    the one rounding (as `F.linear` and cuBLAS's bias epilogue). Calls with m == 0 or n == 0
+    never reach a kernel; k == 0 does (the result is the bias, or zeros).
     """
 
     call_spec = GemmCall
 
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def forward(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         raise NotImplementedError
 
 
 class GemmReference(ReferenceKernel, GemmInterface):
-    """`torch.mm`: 16-bit operands are accumulated in float32, rounded once at the end."""
+    """`torch.mm` / `torch.addmm` on the operands' transposed views (no copy): 16-bit operands
+    are accumulated in float32, the bias added and the sum rounded once."""
 
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.mm(a, b)
+    build_fields = ("trans_a", "trans_b")
+
+    def __init__(self, trans_a: bool, trans_b: bool) -> None:
+        self.trans_a, self.trans_b = trans_a, trans_b
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return _product(a.t() if self.trans_a else a, b.t() if self.trans_b else b, bias)
+
+
+def _product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
+
+
+def _signature(trans_a: bool, trans_b: bool) -> Signature:
+    """a (m, k) or, transposed, (k, m); b (k, n) or (n, k); bias (n,); all of a's dtype."""
+    return Signature(
+        (
+            Input("a", ("k", "m") if trans_a else ("m", "k")),
+            Input("b", ("n", "k") if trans_b else ("k", "n"), dtypes=("a",)),
+            Input("bias", ("n",), dtypes=("a",), optional=True),
+        ),
+        {"trans_a": "bool", "trans_b": "bool"},
+        (Output("out", shape=("m", "n"), dtype_of="a"),),
+    )
+
+
+_SIGNATURES = {layout: _signature(*layout) for layout in LAYOUTS}
 
 
 class GemmOp(Op):
-    """`a @ b` for a of shape (m, k) and b of shape (k, n), of one dtype."""
+    """`op(a) @ op(b) + bias` for 2-D a and b of one dtype, op(t) = t^T where the constructor's
+    `trans_a` / `trans_b` say (upstream TileOPs' `GemmFwdOp` arguments, cuBLAS's layouts; the
+    default here is NN, `a @ b`). `bias`, optional, is a (n,) tensor added before rounding, as
+    `F.linear` adds it: `GemmOp(trans_b=True)(x, W, bias) == F.linear(x, W, bias)`.
+
+    Operands are read where they lie: a contiguous operand in its declared layout, and one
+    given as a transposed view of a contiguous tensor (`W.t()`) in the other layout, without a
+    copy; any other strides are copied once.
+    """
 
     namespace = "tileops"
     interfaces = {"gemm": GemmInterface, "backward": BackwardInterface}
     kernel_types = {"reference": GemmReference, "reference_backward": RecomputeBackward}
-    signature = Signature(
-        (Input("a", ("m", "k")), Input("b", ("k", "n"), dtypes=("a",))),
-        {},
-        (Output("out", shape=("m", "n"), dtype_of="a"),),
-    )
+    signature = _SIGNATURES[False, False]  # the instance's own follows its layout
 
-    def __init__(self, *, target: str | None = None) -> None:
+    def __init__(
+        self, trans_a: bool = False, trans_b: bool = False, *, target: str | None = None
+    ) -> None:
+        op = type(self).__name__
+        self.trans_a = bool_param(op, "trans_a", trans_a)
+        self.trans_b = bool_param(op, "trans_b", trans_b)
+        self.signature = _SIGNATURES[self.trans_a, self.trans_b]
         super().__init__(target=target)
 
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        (m, k), n = a.shape, b.shape[1]
-        call = GemmCall(device=a.device, m=m, n=n, k=k, dtype=a.dtype)
-        return self.call_kernel("gemm", call, (m, n), a.dtype, a.contiguous(), b.contiguous())
+    def forward(
+        self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        trans_a, trans_b = self.trans_a, self.trans_b
+        if not (a.is_contiguous() and b.is_contiguous()):  # the common case skips the calls
+            a, trans_a = _stored(a, trans_a)
+            b, trans_b = _stored(b, trans_b)
+        m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
+        n = b.shape[0] if trans_b else b.shape[1]
+        if bias is not None:
+            bias = bias.contiguous()
+        call = GemmCall(
+            device=a.device, m=m, n=n, k=k, dtype=a.dtype, trans_a=trans_a, trans_b=trans_b,
+            has_bias=bias is not None,
+        )  # fmt: skip
+        return self.call_kernel("gemm", call, (m, n), a.dtype, a, b, bias)
 
-    def reference_forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.mm(a, b)
+    def reference_forward(
+        self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return _product(a.t() if self.trans_a else a, b.t() if self.trans_b else b, bias)
 
     @classmethod
     def sample_cases(cls) -> Iterable[Case]:
         yield sample_case({}, (64, 48), (48, 80))
         yield sample_case({}, (1, 256), (256, 7), note="skinny")
+        yield sample_case({"trans_b": True}, (33, 48), (80, 48), (80,), note="NT, bias")
+        yield sample_case({"trans_a": True}, (48, 64), (48, 80), note="TN")
+        yield sample_case({"trans_a": True, "trans_b": True}, (48, 5), (7, 48), (7,), note="TT")
+
+
+def _stored(t: torch.Tensor, trans: bool) -> tuple[torch.Tensor, bool]:
+    """`t` as a kernel reads it, and whether it is read transposed: as given when contiguous,
+    its transpose in the other layout when that is contiguous (a view, no copy), else a
+    contiguous copy in the declared layout."""
+    if t.is_contiguous():
+        return t, trans
+    if t.t().is_contiguous():
+        return t.t(), not trans
+    return t.contiguous(), trans

@@ -30,7 +30,8 @@ def dtype_refusal(call: GemmCall) -> str | None:
 
 
 class _Gemm(Kernel, GemmInterface):
-    """Base: dtype refusal, build identity (arch, dtype, n, k, plan) and the compiled call."""
+    """Base: dtype refusal, build identity (arch, dtype, n, k, layout, bias, plan) and the
+    compiled call."""
 
     # The target's features ("a": sm_90a) and TileLang pass configs (None: its defaults).
     features: ClassVar[str] = ""
@@ -51,7 +52,8 @@ class _Gemm(Kernel, GemmInterface):
     @classmethod
     def entry_for(cls, call: GemmCall) -> tuple[Hashable, Build]:
         plan = cls.plan(call) if call.k else None
-        identity = (call.arch, DTYPE_NAMES[call.dtype], call.n, call.k, plan)
+        identity = (call.arch, DTYPE_NAMES[call.dtype], call.n, call.k, call.layout,
+                    call.has_bias, plan)  # fmt: skip
 
         def build() -> _Gemm:
             if plan is None:
@@ -74,10 +76,21 @@ class _Gemm(Kernel, GemmInterface):
 
     def __init__(self, call: GemmCall, compiled: list[Any]) -> None:
         self.compiled = compiled
+        self.m_dim, self.n_dim = int(call.trans_a), int(not call.trans_b)  # in a's, b's shape
 
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        c = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+    def output(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """C: (m, n), uninitialised."""
+        shape = (a.shape[self.m_dim], b.shape[self.n_dim])
+        return torch.empty(shape, dtype=a.dtype, device=a.device)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        c = self.output(a, b)
         if not self.compiled:  # k == 0: an empty sum
-            return c.zero_()
-        self.compiled[0](aligned(a), aligned(b), c)
+            return c.zero_() if bias is None else c.copy_(bias.expand_as(c))
+        self.compiled[0](aligned(a), aligned(b), c, *with_bias(bias))
         return c
+
+
+def with_bias(bias: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """The trailing kernel argument a call with a bias adds (gemm_prim_func's order)."""
+    return () if bias is None else (aligned(bias),)

@@ -1,11 +1,14 @@
 """GEMM kernels in TileLang: a Hopper kernel (TMA + wgmma), a general tensor-core kernel, and a
-split-K kernel for skinny calls. All take float16 / bfloat16 and accumulate in float32.
+split-K kernel for skinny calls. All take float16 / bfloat16, accumulate in float32, read every
+layout (NN, NT, TN, TT: each operand as it is stored, `call.trans_a` / `call.trans_b`) and add
+a bias in their epilogue (in float32, before C's one rounding).
 
 | key                   | archs      | serves                          | preferred over          |
 |-----------------------|------------|---------------------------------|-------------------------|
 | tilelang_gemm_skinny  | sm_80..90  | m <= 64, k > 0; on sm_90 from   | tilelang_gemm, _hopper  |
 |                       |            | m = 48 only what TMA can't take |                         |
-| tilelang_gemm_hopper  | sm_90      | k > 0; n, k multiples of 8 or   | tilelang_gemm           |
+| tilelang_gemm_hopper  | sm_90      | k > 0; n, k (and m when a is    | tilelang_gemm           |
+|                       |            | transposed) multiples of 8 or   |                         |
 |                       |            | padded to them from 2^36 flops  |                         |
 | tilelang_gemm         | sm_80..90  | every 16-bit call (k == 0: 0s)  |                         |
 
@@ -17,7 +20,9 @@ Symbolic vs baked: n and k are the weight's shape and are baked in (static strid
 masks, one build per layer); m, the tokens or batch, is symbolic, so one build serves every m
 that the tile rule maps to the same tiles (m <= 64: the decode tile). The skinny kernel bakes
 in its m bucket (16, 32 or 64: its row tile; m = 1 apart, for its fixup) and the split of k,
-which follows from n, k and the device.
+which follows from n, k and the device. The layout and the bias are baked in: each is its own
+build. With a transposed a, m is also a's row pitch (symbolic: TMA descriptors are made per
+launch, so the Hopper kernel needs m aligned as it needs n and k).
 
 The tile rules are in `tiles` (their measurements in TUNING.md), the programs in `programs`.
 """
@@ -35,7 +40,7 @@ from tileops.ops import GemmCall
 
 from .._common.arith import AMPERE_AND_LATER, ceil_div, round_up
 from .._common.operands import aligned
-from .base import _Gemm
+from .base import _Gemm, with_bias
 from .programs import MMA_SYNC_ONLY, gemm_program, reduce_program, skinny_program
 from .tiles import (
     DECODE_HOPPER_M,
@@ -48,6 +53,7 @@ from .tiles import (
     SkinnyPlan,
     Tile,
     decode_tile,
+    misaligned,
     pick_tile,
     skinny_plan,
     tma_misaligned,
@@ -75,9 +81,9 @@ class GemmHopper(_Gemm):
     """sm_90: TMA loads into a multi-stage shared-memory ring, wgmma from a producer/consumer
     warp-specialized pipeline (TileLang's sm_90a lowering of T.Pipelined + T.gemm).
 
-    TMA needs 16-byte aligned row strides. Where n or k is not a multiple of 8 in a large
-    call (PAD_MIN_FLOPS), the operands are copied into zero-padded ones and the result out of
-    a padded one (TUNING.md#hopper-padding).
+    TMA needs 16-byte aligned row strides. Where n or k (or m, with a transposed a) is not a
+    multiple of 8 in a large call (PAD_MIN_FLOPS), the operands are copied into zero-padded
+    ones and the result out of a padded one (TUNING.md#hopper-padding).
     """
 
     supported_archs = frozenset({90})
@@ -88,11 +94,13 @@ class GemmHopper(_Gemm):
     def region_refusal(cls, call: GemmCall) -> str | None:
         if call.k == 0:
             return "k == 0 leaves nothing to multiply: tilelang_gemm returns the zeros"
-        if tma_misaligned(call) and 2 * call.m * call.n * call.k < PAD_MIN_FLOPS:
+        off = misaligned(call)
+        if off and 2 * call.m * call.n * call.k < PAD_MIN_FLOPS:
+            verb = "is not a multiple" if len(off) == 1 else "are not multiples"
             return (
-                f"TMA needs 16-byte aligned rows: n={call.n} and k={call.k} are not both "
-                f"multiples of {TMA_ALIGN_BYTES // HALF[call.dtype]}, and below {PAD_MIN_FLOPS} "
-                "flops padding them costs more than it saves; tilelang_gemm serves it"
+                f"TMA needs 16-byte aligned rows: {' and '.join(off)} {verb} of "
+                f"{TMA_ALIGN_BYTES // HALF[call.dtype]} ({call.layout}), and below "
+                f"{PAD_MIN_FLOPS} flops padding costs more than it saves; tilelang_gemm serves it"
             )
         return None
 
@@ -112,16 +120,23 @@ class GemmHopper(_Gemm):
         tile = cls.plan(call)
         return [(0, lambda: gemm_program(call, tile, tma=True))]
 
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        k, n = b.shape
+    def forward(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        m, n = a.shape[self.m_dim], b.shape[self.n_dim]
+        k_a, k_b = 1 - self.m_dim, 1 - self.n_dim  # where k lies in a's and b's shapes
         align = TMA_ALIGN_BYTES // a.element_size()
-        pad_k, pad_n = round_up(k, align) - k, round_up(n, align) - n
+        pad_k, pad_n = round_up(a.shape[k_a], align) - a.shape[k_a], round_up(n, align) - n
+        pad_m = round_up(m, align) - m if self.m_dim else 0  # m is a's row pitch
         if pad_k:  # zeros in both operands: the extra products add nothing
-            a, b = F.pad(a, (0, pad_k)), F.pad(b, (0, 0, 0, pad_k))
+            a, b = zero_padded(a, k_a, pad_k), zero_padded(b, k_b, pad_k)
+        if pad_m:
+            a = zero_padded(a, 1, pad_m)
         if pad_n:
-            b = F.pad(b, (0, pad_n))
-        c = super().forward(a, b)
-        return c[:, :n].contiguous() if pad_n else c
+            b = zero_padded(b, self.n_dim, pad_n)
+            bias = None if bias is None else F.pad(bias, (0, pad_n))
+        c = super().forward(a, b, bias)
+        if pad_n:
+            return c[:m, :n].contiguous()
+        return c[:m] if pad_m else c
 
 
 class GemmSkinny(_Gemm):
@@ -164,19 +179,21 @@ class GemmSkinny(_Gemm):
         self.plan_ = skinny_plan(call) if call.k else None
         self._counters: dict[tuple[torch.device, int], torch.Tensor] = {}
 
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def forward(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         plan = self.plan_
         if plan is None or plan.splits == 1:
-            return super().forward(a, b)
+            return super().forward(a, b, bias)
         a, b = aligned(a), aligned(b)
-        rows = plan.splits * plan.tile.block_m
-        partials = torch.empty((rows, b.shape[1]), dtype=torch.float32, device=a.device)
-        c = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
+        c = self.output(a, b)
+        n = c.shape[1]
+        partials = torch.empty((plan.splits * plan.tile.block_m, n), dtype=torch.float32,
+                               device=a.device)  # fmt: skip
         if plan.fixup:
-            self.compiled[0](a, b, partials, self._column_counters(a.device, b.shape[1]), c)
+            counters = self._column_counters(a.device, n)
+            self.compiled[0](a, b, partials, counters, c, *with_bias(bias))
             return c
         self.compiled[0](a, b, partials)
-        self.compiled[1](partials, c)
+        self.compiled[1](partials, c, *with_bias(bias))
         return c
 
     def _column_counters(self, device: torch.device, n: int) -> torch.Tensor:
@@ -190,3 +207,8 @@ class GemmSkinny(_Gemm):
             counters = torch.zeros(columns, dtype=torch.int32, device=device)
             self._counters[(device, stream)] = counters
         return counters
+
+
+def zero_padded(t: torch.Tensor, dim: int, extra: int) -> torch.Tensor:
+    """`t` (2-D) with `extra` zeros appended along `dim`."""
+    return F.pad(t, (0, extra) if dim == 1 else (0, 0, 0, extra))

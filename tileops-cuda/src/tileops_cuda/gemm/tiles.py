@@ -105,10 +105,19 @@ def decode_tile(call: GemmCall) -> Tile:
     return _with_stages(tile, call, ceil_div(call.k, DECODE_BLOCK_K), DECODE_MAX_STAGES)
 
 
-def tma_misaligned(call: GemmCall) -> bool:
-    """n or k not a multiple of 8 (16-bit): their rows are not 16-byte aligned for TMA."""
+def misaligned(call: GemmCall) -> list[str]:
+    """The sizes ("n=4095") that are not a multiple of 8 (16-bit) among those that set a row
+    pitch TMA reads or writes: n (C's rows, and b's when not transposed), k (a's rows, or b's
+    when transposed) and, when a is stored transposed, m (its rows)."""
     align = TMA_ALIGN_BYTES // HALF.get(call.dtype, 2)
-    return bool(call.n % align or call.k % align)
+    sizes = {"m": call.m} if call.trans_a else {}
+    sizes |= {"n": call.n, "k": call.k}
+    return [f"{name}={size}" for name, size in sizes.items() if size % align]
+
+
+def tma_misaligned(call: GemmCall) -> bool:
+    """Some row pitch TMA would use is not 16-byte aligned (`misaligned`)."""
+    return bool(misaligned(call))
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Triton's GEMM kernel: its key, where it runs, which calls it serves, and where it steps
 aside for tileops-cuda.
 
-It serves float16/bfloat16/float32 GEMMs of any shape on every CUDA arch Triton runs on
+It serves float16/bfloat16/float32 GEMMs of any shape and layout (NN, NT, TN, TT, read as
+stored), with or without a bias, on every CUDA arch Triton runs on
 (`declare.DEVICES`; CPU too, under the interpreter), except the calls a tileops-cuda GEMM serves
 (16-bit on sm_80 .. sm_90), where its refusal defers (`declare.deferral`). Candidates:
 `configs.candidates`, tuned once per build identity by `compile.tuned`; program: `programs`,
@@ -46,24 +47,31 @@ class TritonGemm(Kernel, GemmInterface):
     @classmethod
     def entry_for(cls, call: GemmCall) -> tuple[Hashable, Build]:
         # m is bucketed: calls whose m rounds to the same power of two share a tuned config.
+        # The layout changes which tiles read fastest; the bias (a launch argument) does not.
         facts = (call.arch, call.sm_count, call.smem_budget)
-        identity = (min(next_pow2(call.m), 4096), call.n, call.k, call.dtype, *facts)
+        shape = (min(next_pow2(call.m), 4096), call.n, call.k, call.dtype)
+        identity = (*shape, call.trans_a, call.trans_b, *facts)
         return identity, lambda: cls(identity)
 
     def __init__(self, identity: tuple) -> None:
         self.identity = identity
-        m, n, k, dtype, arch, sm_count, smem_budget = identity
+        m, n, k, dtype, self.trans_a, self.trans_b, arch, sm_count, smem_budget = identity
         self.upcast = _upcast(dtype, arch)
         self.configs = candidates(m, n, k, dtype, sm_count, smem_budget)
 
-    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        out = torch.empty((a.shape[0], b.shape[1]), dtype=a.dtype, device=a.device)
-        self.into(a, b, out)
+    def forward(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        shape = (a.shape[1 if self.trans_a else 0], b.shape[0 if self.trans_b else 1])
+        out = torch.empty(shape, dtype=a.dtype, device=a.device)
+        self.into(a, b, bias, out)
         return out
 
-    def into(self, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    def into(
+        self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, out: torch.Tensor
+    ) -> None:
+        layout = {"trans_a": self.trans_a, "trans_b": self.trans_b, "upcast": self.upcast}
+
         def run(config: GemmConfig) -> None:
-            gemm(config, a, b, out, upcast=self.upcast)
+            gemm(config, a, b, out, bias, **layout)
 
         run(tuned("gemm", self.identity, self.configs, run))
 

@@ -4,8 +4,11 @@ One program computes a BLOCK_M x BLOCK_N tile of C over its share of K (all of i
 SPLIT_K > 1, when program (tile, s) takes K-slices s, s + SPLIT_K, ... and writes float32
 partials to slab s of C). Tiles are visited in groups of GROUP_M rows so that programs running
 together share A and B tiles in L2. Rows and columns past M and N wrap around (modulo) on load,
-so only the K tail and the final store need masks. UPCAST multiplies in float32 (bfloat16 on
-pre-sm_80 GPUs, and under the interpreter, whose 16-bit dot is unreliable).
+so only the K tail and the final store need masks. A is stored (M, K), or (K, M) with TRANS_A;
+B (K, N), or (N, K) with TRANS_B: the pointers follow the storage, the tiles are the same.
+HAS_BIAS adds Bias[N] to the float32 sums before the store (unsplit programs only: the
+launcher adds it to split partials' sum). UPCAST multiplies in float32 (bfloat16 on pre-sm_80
+GPUs, and under the interpreter, whose 16-bit dot is unreliable).
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ import triton.language as tl
 
 @triton.jit
 def gemm(
-    A, B, C, M, N, K,
+    A, B, C, Bias, M, N, K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     SPLIT_K: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    TRANS_A: tl.constexpr, TRANS_B: tl.constexpr, HAS_BIAS: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -33,9 +37,20 @@ def gemm(
     rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
     rn = tl.max_contiguous(tl.multiple_of(rn, BLOCK_N), BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    a_ptrs = A + rm[:, None].to(tl.int64) * K + (split * BLOCK_K + rk)[None, :]
-    b_ptrs = B + (split * BLOCK_K + rk)[:, None].to(tl.int64) * N + rn[None, :]
     step = BLOCK_K * SPLIT_K
+    if TRANS_A:
+        rm = tl.max_contiguous(tl.multiple_of(rm, BLOCK_M), BLOCK_M)
+        a_ptrs = A + (split * BLOCK_K + rk)[None, :].to(tl.int64) * M + rm[:, None]
+        a_step = step * M
+    else:
+        a_ptrs = A + rm[:, None].to(tl.int64) * K + (split * BLOCK_K + rk)[None, :]
+        a_step = step
+    if TRANS_B:
+        b_ptrs = B + rn[None, :].to(tl.int64) * K + (split * BLOCK_K + rk)[:, None]
+        b_step = step
+    else:
+        b_ptrs = B + (split * BLOCK_K + rk)[:, None].to(tl.int64) * N + rn[None, :]
+        b_step = step * N
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(split * BLOCK_K, K, step):
@@ -49,10 +64,12 @@ def gemm(
             a = a.to(tl.float32)
             b = b.to(tl.float32)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
-        a_ptrs += step
-        b_ptrs += step * N
+        a_ptrs += a_step
+        b_ptrs += b_step
 
     cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if HAS_BIAS:
+        acc += tl.load(Bias + cn, mask=cn < N, other=0.0).to(tl.float32)[None, :]
     c_ptrs = C + split.to(tl.int64) * M * N + cm[:, None].to(tl.int64) * N + cn[None, :]
     tl.store(c_ptrs, acc.to(C.dtype.element_ty), mask=(cm[:, None] < M) & (cn[None, :] < N))
