@@ -128,9 +128,21 @@ def _split(op_cls: type[Op], args: tuple) -> tuple[tuple, dict[str, Any], str | 
 
 
 def _eager_impl(op_cls: type[Op]) -> Any:
+    """The operator's kernel, run as torch runs a `torch.library.custom_op`'s: below the
+    ADInplaceOrView key, so a kernel's output that views a buffer of its own is no view to
+    autograd (a caller may modify it in place), and with the version of each tensor the op
+    writes bumped once (what autograd checks saved tensors against)."""
+    written = [index for index, spec in enumerate(op_cls.signature.inputs) if spec.written]
+
     def impl(*args: Any) -> Any:
         tensors, params, target = _split(op_cls, args)
-        return instance(op_cls, params, target).call_eager(tensors)
+        op = instance(op_cls, params, target)
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            out = op.call_eager(tensors)
+        for index in written:
+            if tensors[index] is not None:
+                torch.autograd.graph.increment_version(tensors[index])
+        return out
 
     return impl
 
