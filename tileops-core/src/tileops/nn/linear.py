@@ -45,7 +45,7 @@ class Linear(TileModule, nn.Linear):
         rows = x.reshape(-1, self.in_features)
         y = _matmul_wt(op_for(GemmOp, x.device), rows, self.weight)
         if self.bias is not None:
-            y = y + self.bias
+            y = y + self.bias.to(y.dtype)  # under autocast F.linear casts the bias too
         return y.view(*x.shape[:-1], self.out_features)
 
 
