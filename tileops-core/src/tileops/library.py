@@ -34,12 +34,25 @@ _AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}
 
 
 def operator(op_cls: type[Op]) -> Any:
-    """The `torch.ops` overload packet of `op_cls`, defined on first need."""
-    found = _OPERATORS.get(op_cls)
-    if found is None:
-        with _lock:
-            found = _OPERATORS.get(op_cls) or _define(op_cls)
-            _OPERATORS[op_cls] = found
+    """The `torch.ops` overload packet of `op_cls`, defined on first need (also when that need
+    comes while torch.compile traces: see `_defined`)."""
+    if torch.compiler.is_compiling():
+        _defined(op_cls)
+    return _OPERATORS.get(op_cls) or _defined_operator(op_cls)
+
+
+@torch.compiler.assume_constant_result
+def _defined(op_cls: type[Op]) -> bool:
+    """Define `op_cls`'s operator now. Dynamo runs this at trace time rather than tracing it
+    (`assume_constant_result`), so an op first called, or built, inside a compiled function
+    finds its operator defined, and Dynamo never meets the lock."""
+    return _defined_operator(op_cls) is not None
+
+
+def _defined_operator(op_cls: type[Op]) -> Any:
+    with _lock:
+        found = _OPERATORS.get(op_cls) or _define(op_cls)
+        _OPERATORS[op_cls] = found
     return found
 
 
