@@ -163,7 +163,7 @@ def _eager_impl(op_cls: type[Op]) -> Any:
 def _fake_impl(op_cls: type[Op]) -> Any:
     def fake(*args: Any) -> Any:
         tensors, _, _ = _split(op_cls, args)
-        outputs = op_cls.signature.outputs_for(tensors)
+        outputs = op_cls.outputs_for(tensors)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     return fake

@@ -181,6 +181,13 @@ class Op:
     def forward(self, *inputs: torch.Tensor | None) -> Any:
         raise NotImplementedError(f"{type(self).op_name} does not define forward()")
 
+    @classmethod
+    def outputs_for(cls, tensors: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor]:
+        """The outputs of a call on `tensors`, without running it (tracing's fake tensors):
+        the signature's rule, contiguous. An op whose outputs keep an input's memory format
+        (BatchNorm's channels_last) overrides it, so traced strides are the real ones."""
+        return cls.signature.outputs_for(tensors)
+
     # -- calling the op ----------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.signature is None:
