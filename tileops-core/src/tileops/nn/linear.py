@@ -42,10 +42,12 @@ class Linear(TileModule, nn.Linear):
                 f"multiplied by weight of shape {list(self.weight.shape)}; its last dim must "
                 f"be in_features={self.in_features}"
             )
-        rows = x.reshape(-1, self.in_features)
+        rows = x.reshape(x.shape[:-1].numel(), self.in_features)  # -1 fails for in_features 0
         y = _matmul_wt(op_for(GemmOp, x.device), rows, self.weight)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)  # under autocast F.linear casts the bias too
+        if x.dim() == 2:  # no view, as F.linear's: FSDP2 drops hooks on in-place ops on views
+            return y
         return y.view(*x.shape[:-1], self.out_features)
 
 
