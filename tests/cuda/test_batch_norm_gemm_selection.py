@@ -527,3 +527,25 @@ def test_hopper_forward_pads_misaligned_operands_with_zeros(m, n, k, layout):
     assert seen == [(a_shape, b_shape, (mp, np_), (np_,))]
     assert got.shape == (m, n) and got.is_contiguous()
     torch.testing.assert_close(got, (a.float() @ b.float() + bias.float()).bfloat16())
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "infer"])
+@pytest.mark.parametrize("arch", [80, 90])
+def test_every_batch_norm_kernel_refuses_channels_last_and_the_reference_serves(arch, training):
+    """They read x as (batch, channels, spatial): a channels_last call, x as (batch, spatial,
+    channels), must never reach them (BatchNormCall.channels_last)."""
+    for shape, _, _ in BN_EDGES:
+        call = bn_call(*shape, channels_last=True)
+        assert bn_key(call, arch, training) == ("reference" if training else "reference_infer")
+    interface = BatchNormFwdOp.interfaces[TRAIN if training else INFER]
+    ours = [
+        cls
+        for cls in vars(batch_norm).values()
+        if isinstance(cls, type)
+        and issubclass(cls, interface)
+        and cls.__module__ == batch_norm.__name__
+    ]
+    assert ours and all(not cls.channels_last for cls in ours)
+    assert all(
+        "x is channels_last" in cls.refusal(bn_call(8, 64, 49, channels_last=True)) for cls in ours
+    )

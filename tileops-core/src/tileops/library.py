@@ -32,12 +32,25 @@ _AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}
 
 
 def operator(op_cls: type[Op]) -> Any:
-    """The `torch.ops` overload packet of `op_cls`, defined on first need."""
-    found = _OPERATORS.get(op_cls)
-    if found is None:
-        with _lock:
-            found = _OPERATORS.get(op_cls) or _define(op_cls)
-            _OPERATORS[op_cls] = found
+    """The `torch.ops` overload packet of `op_cls`, defined on first need (also when that need
+    comes while torch.compile traces: see `_defined`)."""
+    if torch.compiler.is_compiling():
+        _defined(op_cls)
+    return _OPERATORS.get(op_cls) or _defined_operator(op_cls)
+
+
+@torch.compiler.assume_constant_result
+def _defined(op_cls: type[Op]) -> bool:
+    """Define `op_cls`'s operator now. Dynamo runs this at trace time rather than tracing it
+    (`assume_constant_result`), so an op first called, or built, inside a compiled function
+    finds its operator defined, and Dynamo never meets the lock."""
+    return _defined_operator(op_cls) is not None
+
+
+def _defined_operator(op_cls: type[Op]) -> Any:
+    with _lock:
+        found = _OPERATORS.get(op_cls) or _define(op_cls)
+        _OPERATORS[op_cls] = found
     return found
 
 
@@ -129,9 +142,21 @@ def _split(op_cls: type[Op], args: tuple) -> tuple[tuple, dict[str, Any], str | 
 
 
 def _eager_impl(op_cls: type[Op]) -> Any:
+    """The operator's kernel, run as torch runs a `torch.library.custom_op`'s: below the
+    ADInplaceOrView key, so a kernel's output that views a buffer of its own is no view to
+    autograd (a caller may modify it in place), and with the version of each tensor the op
+    writes bumped once (what autograd checks saved tensors against)."""
+    written = [index for index, spec in enumerate(op_cls.signature.inputs) if spec.written]
+
     def impl(*args: Any) -> Any:
         tensors, params, target = _split(op_cls, args)
-        return instance(op_cls, params, target).call_eager(tensors)
+        op = instance(op_cls, params, target)
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            out = op.call_eager(tensors)
+        for index in written:
+            if tensors[index] is not None:
+                torch.autograd.graph.increment_version(tensors[index])
+        return out
 
     return impl
 
@@ -139,8 +164,7 @@ def _eager_impl(op_cls: type[Op]) -> Any:
 def _fake_impl(op_cls: type[Op]) -> Any:
     def fake(*args: Any) -> Any:
         tensors, params, target = _split(op_cls, args)
-        signature = instance(op_cls, params, target).signature  # GemmOp's follows its layout
-        outputs = signature.outputs_for(tensors)
+        outputs = instance(op_cls, params, target).outputs_for(tensors)  # GemmOp's: its layout
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
 
     return fake

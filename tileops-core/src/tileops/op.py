@@ -56,8 +56,15 @@ class Op:
     def __init__(self, *, target: str | None = None) -> None:
         if target is not None and not isinstance(target, str):
             raise TypeError(f"target must be a target name or None, got {type(target).__name__}")
-        LOADER.ensure_loaded()
         self.target = target
+        if not torch.compiler.is_compiling():  # traced, it calls its operator: nothing to attach
+            self._attach()
+
+    # -- dispatch state: built at construction, or on first use (see __getattr__) -------------
+    def _attach(self) -> None:
+        """Give the op its dispatch state: the class's kernel table, its hit cache, target
+        settling. Locks and caches, so never pickled (`__reduce__`) nor traced."""
+        LOADER.ensure_loaded()
         self._table: KernelTable = table_for(type(self))
         SCOPES.attach(self)  # points _hits, the cache a hit reads (see scope.Scopes)
         self._settled: str | None = None
@@ -69,6 +76,23 @@ class Op:
         """Read hits from the table's plain cache, or, while some pin, record or simulation is
         active anywhere, from a reader consulting the caller's context (scope.Scopes calls it)."""
         self._hits = self._table.hits_for(scoped)
+
+    def __getattr__(self, name: str) -> Any:
+        """Dispatch state of an op built while torch.compile traced or unpickled: attached on
+        first use (only reached when the attribute is missing: a hit never comes here)."""
+        if name in _DISPATCH_STATE and "target" in self.__dict__:
+            self._attach()
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __reduce__(self) -> tuple:
+        """Pickle (and deepcopy) as the constructor's arguments: the signature's params and
+        the target, the convention the torch.library operators rebuild ops by. An op without
+        typed params keeps its attributes, less the dispatch state; both attach it anew."""
+        if self.signature is not None and self.signature.param_types is not None:
+            return _rebuilt, (type(self), self.params(), self.target)
+        state = {k: v for k, v in self.__dict__.items() if k not in _DISPATCH_STATE}
+        return object.__new__, (type(self),), state
 
     # -- the op's own kernels ----------------------------------------------------------------
     def kernel_for(self, interface: str, call: CallSpec) -> Callable[..., Any]:
@@ -152,6 +176,13 @@ class Op:
 
     def forward(self, *inputs: torch.Tensor | None) -> Any:
         raise NotImplementedError(f"{type(self).op_name} does not define forward()")
+
+    def outputs_for(self, tensors: tuple[torch.Tensor | None, ...]) -> list[torch.Tensor]:
+        """The outputs of a call on `tensors`, without running it (tracing's fake tensors):
+        the signature's rule (the instance's: GemmOp's follows its layout), contiguous. An op
+        whose outputs keep an input's memory format (BatchNorm's channels_last) overrides it,
+        so traced strides are the real ones."""
+        return self.signature.outputs_for(tensors)
 
     # -- calling the op ----------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -254,3 +285,12 @@ class Op:
         if target == BUILTIN:
             return self.forward(*call.tensors)
         return run_target(self, target, call)
+
+
+_DISPATCH_STATE = frozenset(
+    {"_table", "_hits", "_settled", "_settle_lock", "_target_kernels", "_target_lock"}
+)
+
+
+def _rebuilt(op_cls: type[Op], params: dict[str, Any], target: str | None) -> Op:
+    return op_cls(**params, target=target)

@@ -139,8 +139,10 @@ def _watch_determinism() -> None:
 
     @functools.wraps(original)
     def use_deterministic_algorithms(*args: Any, **kwargs: Any) -> None:
+        before = torch._C._get_deterministic_algorithms()
         original(*args, **kwargs)
-        SCOPES.refresh()
+        if torch._C._get_deterministic_algorithms() != before:  # Dynamo re-sets it per frame
+            SCOPES.refresh()  # it compiles, some inside SCOPES.lock: only a flip may take it
 
     use_deterministic_algorithms._tileops_watched = True
     torch.use_deterministic_algorithms = use_deterministic_algorithms

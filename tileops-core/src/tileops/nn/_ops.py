@@ -16,6 +16,7 @@ import torch
 
 from .. import library
 from ..op import Op
+from ..signature import HALF_DTYPES
 
 # The dtypes the ops' signatures accept (README: "float32, float16, bfloat16 and float64").
 SERVED_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.float64})
@@ -40,10 +41,13 @@ def _shared_op(op_type: type[Op], device: torch.device, *config: Any) -> Op:
 
 
 def compute_dtype(x: torch.Tensor, param: torch.Tensor | None) -> torch.dtype:
-    """The dtype a norm runs in: x's, or its promotion with the params' (16-bit x with float32
-    weights computes in float32, as torch does). The ops take one dtype for x and its params,
-    so the modules cast until the ops accept mixed precision themselves."""
+    """The dtype a norm module hands the op x and its params in: x's when they agree, or when
+    they are autocast's layout (16-bit x beside float32 params), which the ops take as they are
+    (normalizing in float32, and under autocast casting as torch's function is cast: float32
+    out where CUDA's autocast runs the norm in float32); else their promotion, cast back."""
     if param is None or param.dtype == x.dtype:
+        return x.dtype
+    if param.dtype == torch.float32 and x.dtype in HALF_DTYPES:
         return x.dtype
     return torch.promote_types(x.dtype, param.dtype)
 

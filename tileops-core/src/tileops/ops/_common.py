@@ -109,8 +109,13 @@ def as_vector(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
 
 
 def like(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """`y` viewed in `x`'s shape (no-op when it already has it)."""
-    return y if y.shape == x.shape else y.view_as(x)
+    """`y` in `x`'s shape, as a tensor autograd does not know as a view (torch's own ops return
+    `_unsafe_view`s so): the caller may modify an op's output in place, even one made under
+    no_grad, as it may torch's. `y` itself when it already has that shape and is no view."""
+    if y.shape == x.shape and not y._is_view():
+        return y
+    with torch._C._AutoDispatchBelowADInplaceOrView():
+        return y.view_as(x)
 
 
 def contiguous(t: torch.Tensor | None) -> torch.Tensor | None:

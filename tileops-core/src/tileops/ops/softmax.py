@@ -75,7 +75,7 @@ class SoftmaxFwdOp(Op):
         rows = as_rows(moved, n)
         call = SoftmaxCall(device=x.device, n=n, dtype=x.dtype)
         y = like(self.call_kernel("softmax", call, rows.shape, x.dtype, rows), moved)
-        return y if moved is x else y.movedim(-1, dim).contiguous()  # laid out as torch.softmax
+        return y if moved is x else like(y.movedim(-1, dim).contiguous(), x)  # as torch.softmax
 
     def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(x, self.dim)

@@ -13,7 +13,7 @@ import torch
 
 from ...callspec import CallSpec
 from ...signature import BATCH, WIDENED, Input, Output, Signature
-from .._common import as_rows, as_vector, shape_param
+from .._common import as_rows, as_vector, like, shape_param
 
 
 def norm_signature(*affine: str) -> Signature:
@@ -58,4 +58,4 @@ class RowNorm:
         y = self.call_kernel(
             self.interface_name, call, rows.shape, x.dtype, rows, *[as_vector(t, n) for t in affine]
         )
-        return y if rows is x else y.view_as(x)  # y has rows' shape: call_kernel checked it
+        return y if rows is x else like(y, x)  # y has rows' shape: call_kernel checked it

@@ -8,16 +8,16 @@ normalizes with the running statistics.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from ...backward import BackwardInterface, RecomputeBackward
 from ...callspec import CallSpec
-from ...errors import OpConfigError, OpInputError
-from ...kernel import KernelInterface
+from ...errors import KernelDeclarationError, OpConfigError, OpInputError
+from ...kernel import Kernel, KernelInterface
 from ...op import Op
 from ...signature import BATCH, HALF_DTYPES, WIDENED, BoundCall, Input, Output, Signature
 from .._common import (
@@ -43,7 +43,8 @@ PER_CHANNEL = ("weight", "bias", *STATS)
 
 
 class BatchNormCall(CallSpec):
-    """One BatchNorm call on a (batch, channels, spatial) view of x."""
+    """One BatchNorm call on a (batch, channels, spatial) view of x, or with `channels_last`
+    on a (batch, spatial, channels) one."""
 
     batch: int
     channels: int
@@ -57,21 +58,41 @@ class BatchNormCall(CallSpec):
     param_dtype: torch.dtype | None = None
     """The dtype of the per-channel tensors given (x's, or float32 under mixed precision); None
     when none is given."""
+    channels_last: bool = False
+    """x is channels_last (4-d) or channels_last_3d (5-d): the kernel gets it as it lies in
+    memory, (batch, spatial, channels), and returns that layout; the output keeps x's format,
+    as F.batch_norm's does."""
 
 
 class _BatchNormContract(KernelInterface):
     """The call contract both BatchNorm interfaces share; not an interface of its own.
 
     Layout contract: `x` is a contiguous (batch, channels, spatial) tensor (the op folded the
-    trailing spatial dims into one; batch * spatial >= 1); `weight`, `bias`, `running_mean`
-    and `running_var` are contiguous (channels,) tensors or None, all of one dtype, the call's
-    `param_dtype`: x's, or float32 beside a 16-bit x (mixed precision, as under autocast:
-    statistics in float32, running stats kept and updated in float32). Return a contiguous
-    (batch, channels, spatial) tensor of x's dtype; the op restores the caller's shape. Calls
-    with batch * spatial == 0 never reach a kernel.
+    trailing spatial dims into one; batch * spatial >= 1), or, when the call says
+    `channels_last`, a contiguous (batch, spatial, channels) one; `weight`, `bias`,
+    `running_mean` and `running_var` are contiguous (channels,) tensors or None, all of one
+    dtype, the call's `param_dtype`: x's, or float32 beside a 16-bit x (mixed precision, as
+    under autocast: statistics in float32, running stats kept and updated in float32). Return
+    a contiguous tensor of x's shape and dtype; the op restores the caller's shape and memory
+    format. Calls with batch * spatial == 0 never reach a kernel.
+
+    `channels_last`: True when the kernel serves channels_last calls (x as (batch, spatial,
+    channels)). Kernels that do not declare it refuse them, whatever their own `refusal` says:
+    a kernel written for (batch, channels, spatial) never reads the other layout as its own.
     """
 
     call_spec = BatchNormCall
+    channels_last: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not isinstance(cls.channels_last, bool):
+            raise KernelDeclarationError(
+                f"kernel class {cls.__qualname__!r}: channels_last must be True or False, got "
+                f"{cls.channels_last!r}"
+            )
+        if issubclass(cls, Kernel) and not getattr(cls.refusal, "checks_layout", False):
+            cls.refusal = _refusing_channels_last(cls.refusal.__func__)
 
     def forward(
         self,
@@ -110,6 +131,47 @@ class BatchNormInferInterface(_BatchNormContract):
     """
 
 
+NOT_CHANNELS_LAST = (
+    "x is channels_last, read as (batch, spatial, channels), and the kernel does not declare "
+    "channels_last = True"
+)
+
+
+def _refusing_channels_last(own: Callable[..., str | None]) -> classmethod:
+    """`own` refusal, after refusing channels_last calls where the kernel does not serve them."""
+
+    def refusal(cls: type, call: BatchNormCall) -> str | None:
+        if call.channels_last and not cls.channels_last:
+            return NOT_CHANNELS_LAST
+        return own(cls, call)
+
+    refusal.checks_layout = True
+    return classmethod(refusal)
+
+
+def _memory_format(x: Tensor) -> torch.memory_format:
+    """channels_last (4-d) or channels_last_3d (5-d) when x lies so and is not also plain
+    contiguous, as F.batch_norm keeps it; else the contiguous format."""
+    format = _CHANNELS_LAST.get(x.dim())
+    if format is not None and not x.is_contiguous() and x.is_contiguous(memory_format=format):
+        return format
+    return torch.contiguous_format
+
+
+_CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
+def _channels_first(x: Tensor, channels_last: bool) -> Tensor:
+    """A kernel's (batch, spatial, channels) x as the (batch, channels, spatial, 1)
+    channels_last view F.batch_norm reads in place; x itself otherwise."""
+    return x.transpose(1, 2).unsqueeze(-1) if channels_last else x
+
+
+def _channels_back(y: Tensor, channels_last: bool) -> Tensor:
+    """`_channels_first` undone on F.batch_norm's output (channels_last, as its input)."""
+    return y.squeeze(-1).transpose(1, 2).contiguous() if channels_last else y
+
+
 def _batch_norm(
     x: Tensor,
     weight: Tensor | None,
@@ -140,12 +202,13 @@ def _batch_norm(
 class BatchNormTrainReference(ReferenceKernel, BatchNormTrainInterface):
     """`F.batch_norm` with the batch statistics; it updates the running stats itself, outside
     autograd. 16-bit x is normalized in float32, rounded once, and 16-bit running stats are
-    blended in float32 (see `_batch_norm`)."""
+    blended in float32 (see `_batch_norm`). A channels_last x is read where it lies."""
 
-    build_fields = ("eps", "momentum")
+    build_fields = ("eps", "momentum", "channels_last")
+    channels_last = True
 
-    def __init__(self, eps: float, momentum: float) -> None:
-        self.eps, self.momentum = eps, momentum
+    def __init__(self, eps: float, momentum: float, channels_last: bool) -> None:
+        self.eps, self.momentum, self.last = eps, momentum, channels_last
 
     def forward(
         self,
@@ -155,18 +218,21 @@ class BatchNormTrainReference(ReferenceKernel, BatchNormTrainInterface):
         running_mean: Tensor | None,
         running_var: Tensor | None,
     ) -> Tensor:
-        stats = running_mean, running_var
-        return _batch_norm(x, weight, bias, *stats, True, self.momentum, self.eps)
+        stats, x = (running_mean, running_var), _channels_first(x, self.last)
+        y = _batch_norm(x, weight, bias, *stats, True, self.momentum, self.eps)
+        return _channels_back(y, self.last)
 
 
 class BatchNormInferReference(ReferenceKernel, BatchNormInferInterface):
     """`F.batch_norm` with the running stats: 16-bit x is normalized in float32, rounded once,
-    whether its per-channel tensors are 16-bit or float32 (mixed precision)."""
+    whether its per-channel tensors are 16-bit or float32 (mixed precision). A channels_last
+    x is read where it lies."""
 
-    build_fields = ("eps",)
+    build_fields = ("eps", "channels_last")
+    channels_last = True
 
-    def __init__(self, eps: float) -> None:
-        self.eps = eps
+    def __init__(self, eps: float, channels_last: bool) -> None:
+        self.eps, self.last = eps, channels_last
 
     def forward(
         self,
@@ -176,7 +242,8 @@ class BatchNormInferReference(ReferenceKernel, BatchNormInferInterface):
         running_mean: Tensor | None,
         running_var: Tensor | None,
     ) -> Tensor:
-        return _batch_norm(x, weight, bias, running_mean, running_var, False, 0.0, self.eps)
+        x, stats = _channels_first(x, self.last), (running_mean, running_var)
+        return _channels_back(_batch_norm(x, weight, bias, *stats, False, 0.0, self.eps), self.last)
 
 
 def _signature(training: bool) -> Signature:
@@ -287,7 +354,8 @@ class BatchNormFwdOp(Op):
         batch, channels = x.shape[0], x.shape[1]
         spatial = math.prod(x.shape[2:])
         if batch * spatial == 0:  # nothing to normalize: torch leaves the running stats alone
-            return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            return torch.empty_like(x)  # x's strides, as F.batch_norm's empty output
+        last = _memory_format(x) is not torch.contiguous_format
         call = BatchNormCall(
             device=x.device,
             batch=batch,
@@ -300,11 +368,24 @@ class BatchNormFwdOp(Op):
             has_bias=bias is not None,
             has_running_stats=running_mean is not None,
             param_dtype=param_dtype(weight, bias, running_mean, running_var),
+            channels_last=last,
         )
-        x3 = x.contiguous().view(batch, channels, spatial)
+        if last:  # (batch, *spatial, channels) in memory: a free view
+            x3 = x.movedim(1, -1).view(batch, spatial, channels)
+        else:
+            x3 = x.contiguous().view(batch, channels, spatial)
         stats = contiguous(running_mean), contiguous(running_var)
         args = x3, contiguous(weight), contiguous(bias), *stats
-        return like(self.call_kernel(self._interface, call, x3.shape, x.dtype, *args), x)
+        y = self.call_kernel(self._interface, call, x3.shape, x.dtype, *args)
+        if not last:
+            return like(y, x)
+        with torch._C._AutoDispatchBelowADInplaceOrView():  # no view to autograd (see like())
+            return y.view(batch, *x.shape[2:], channels).movedim(-1, 1)
+
+    def outputs_for(self, tensors: tuple[Tensor | None, ...]) -> list[Tensor]:
+        """What tracing sees: the output keeps x's channels_last format, as the op's does."""
+        x = tensors[0]
+        return [torch.empty_like(x, memory_format=_memory_format(x))]
 
     def reference_forward(
         self,
