@@ -13,7 +13,7 @@ from tileops.backend import Build
 from tileops.ops import BatchNormCall
 
 from .._common.arith import AMPERE_AND_LATER, DTYPE_NAMES, ITEMSIZE
-from .._common.compile import build_program
+from .._common.compile import Launch, build_program
 from .._common.operands import aligned
 from .plans import param_dtype
 
@@ -81,6 +81,7 @@ class _BatchNorm(Kernel):
 
     def __init__(self, call: BatchNormCall, compiled: list[Any]) -> None:
         self.compiled = compiled
+        self.launches = [Launch(program) for program in compiled]
         self.channels = call.channels
         self.pdtype = param_dtype(call)
         self._placeholders: dict[torch.device, torch.Tensor] = {}
@@ -97,7 +98,7 @@ class _BatchNorm(Kernel):
         x = aligned(x)
         y = torch.empty_like(x)
         params = self.per_channel(x, weight, bias, running_mean, running_var)
-        self.compiled[0](x, *params, *self.workspace(x), y)
+        self.launches[0](x, *params, *self.workspace(x), y)
         return y
 
     def workspace(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:

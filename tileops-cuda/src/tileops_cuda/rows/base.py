@@ -11,7 +11,7 @@ import torch
 from tileops import Kernel
 
 from .._common.arith import AMPERE_AND_LATER, DTYPE_NAMES, ITEMSIZE
-from .._common.compile import build_program
+from .._common.compile import Launch, build_program
 from .plans import RowPlan, long_row_plan, warp_rows_plan, with_occupancy
 
 
@@ -81,6 +81,7 @@ class RowKernel(Kernel):
 
     def __init__(self, compiled: Any, plan: RowPlan) -> None:
         self.compiled = compiled
+        self.launch = Launch(compiled)
         self.plan = plan
 
     def workspace(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:

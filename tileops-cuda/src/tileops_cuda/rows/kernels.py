@@ -245,7 +245,7 @@ class _LayerNorm(RowKernel, LayerNormInterface):
     ) -> torch.Tensor:
         x, params = aligned(x), [aligned(t) for t in (weight, bias) if t is not None]
         y = torch.empty_like(x)
-        self.compiled(x, *params, *self.workspace(x), y)
+        self.launch(x, *params, *self.workspace(x), y)
         return y
 
 
@@ -292,7 +292,7 @@ class _RMSNorm(RowKernel, RMSNormInterface):
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         x, params = aligned(x), [] if weight is None else [aligned(weight)]
         y = torch.empty_like(x)
-        self.compiled(x, *params, *self.workspace(x), y)
+        self.launch(x, *params, *self.workspace(x), y)
         return y
 
 
@@ -343,7 +343,7 @@ class _Softmax(RowKernel, SoftmaxInterface):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = aligned(x)
         y = torch.empty_like(x)
-        self.compiled(x, *self.workspace(x), y)
+        self.launch(x, *self.workspace(x), y)
         return y
 
 
