@@ -68,7 +68,7 @@ def _clone(args):
 def _check_train(kernel, args, dtype, tolerance=None) -> None:
     ours, theirs = _clone(args), _clone(args)
     got = kernel(*ours)
-    want = BatchNormTrainReference(1e-5, 0.1)(*theirs)
+    want = BatchNormTrainReference(1e-5, 0.1, False)(*theirs)
     assert got.shape == args[0].shape and got.dtype == args[0].dtype and got.is_contiguous()
     assert _rel_err(got, want) < (tolerance or TOLERANCE[dtype])
     for a, b in zip(ours[3:], theirs[3:], strict=True):
@@ -154,7 +154,7 @@ def test_inference_kernel_matches_reference(shape, dtype):
     call = bn_call(*shape, dtype)
     args = bn_inputs(shape, dtype)
     got = batch_norm.BatchNormInfer.entry_for(call)[1]()(*args)
-    assert _rel_err(got, BatchNormInferReference(1e-5)(*args)) < TOLERANCE[dtype]
+    assert _rel_err(got, BatchNormInferReference(1e-5, False)(*args)) < TOLERANCE[dtype]
 
 
 # -- GEMM ------------------------------------------------------------------------------------

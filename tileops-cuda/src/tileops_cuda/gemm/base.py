@@ -13,7 +13,7 @@ from tileops.backend import Build
 from tileops.ops import GemmCall, GemmInterface
 
 from .._common.arith import DTYPE_NAMES
-from .._common.compile import build_program
+from .._common.compile import Launch, build_program
 from .._common.operands import aligned
 from .tiles import HALF
 
@@ -76,6 +76,7 @@ class _Gemm(Kernel, GemmInterface):
 
     def __init__(self, call: GemmCall, compiled: list[Any]) -> None:
         self.compiled = compiled
+        self.launches = [Launch(program) for program in compiled]
         self.m_dim, self.n_dim = int(call.trans_a), int(not call.trans_b)  # in a's, b's shape
 
     def output(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -87,7 +88,7 @@ class _Gemm(Kernel, GemmInterface):
         c = self.output(a, b)
         if not self.compiled:  # k == 0: an empty sum
             return c.zero_() if bias is None else c.copy_(bias.expand_as(c))
-        self.compiled[0](aligned(a), aligned(b), c, *with_bias(bias))
+        self.launches[0](aligned(a), aligned(b), c, *with_bias(bias))
         return c
 
 

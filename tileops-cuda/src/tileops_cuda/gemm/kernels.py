@@ -190,10 +190,10 @@ class GemmSkinny(_Gemm):
                                device=a.device)  # fmt: skip
         if plan.fixup:
             counters = self._column_counters(a.device, n)
-            self.compiled[0](a, b, partials, counters, c, *with_bias(bias))
+            self.launches[0](a, b, partials, counters, c, *with_bias(bias))
             return c
-        self.compiled[0](a, b, partials)
-        self.compiled[1](partials, c, *with_bias(bias))
+        self.launches[0](a, b, partials)
+        self.launches[1](partials, c, *with_bias(bias))
         return c
 
     def _column_counters(self, device: torch.device, n: int) -> torch.Tensor:

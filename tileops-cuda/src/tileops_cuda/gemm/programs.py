@@ -170,7 +170,9 @@ def skinny_program(call: GemmCall, plan: SkinnyPlan) -> Any:
     if not split_k:
         return gemm_prim_func(body, dtype, {}, **operands(call, m), C=(m, n))
     tensors, dtypes = {**operands(call, m), "C": (plan.splits * bm, n)}, {"C": "float32"}
-    if plan.fixup:
+    if not plan.fixup:
+        tensors.pop("Bias", None)  # the reduce kernel adds it
+    else:
         tensors.update(Count=(ceil_div(n, bn),), Out=(m, n))
         dtypes["Count"] = "int32"
     return gemm_prim_func(body, dtype, dtypes, **tensors)
