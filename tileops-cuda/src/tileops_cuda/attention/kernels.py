@@ -28,18 +28,26 @@ sequence lengths) and what a pin or an operator preference gives them.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from tileops import Kernel
 from tileops.kernel import Build
-from tileops.ops import AttentionBwdInterface, AttentionCall, AttentionInterface
+from tileops.ops import (
+    AttentionBwdInterface,
+    AttentionCall,
+    AttentionDecodeInterface,
+    AttentionInterface,
+)
 
 from .._common.arith import AMPERE_AND_LATER
 from . import sdpa
+from .base import FlashForward, SplitDecode, decode_region
+from .plans import DECODE_ROWS
 
 HALF = (torch.float16, torch.bfloat16)
+Tensor = torch.Tensor
 TILELANG_KEYS = frozenset(
     {"tilelang_flash_fwd", "tilelang_flash_fwd_sm90", "tilelang_flash_decode"}
 )
@@ -207,3 +215,67 @@ class SdpaFlashBackward(_Flash, _SdpaBackward):
 
 class SdpaEfficientBackward(_Efficient, _SdpaBackward):
     """The memory-efficient kernel's backward on repeated kv heads, summed back per group."""
+
+
+# -- TileLang --------------------------------------------------------------------------------
+
+
+def forward_region(call: AttentionCall) -> str | None:
+    if decode_region(call) is None:
+        return (
+            f"the query rows per kv head fit the decode tile ({DECODE_ROWS}): "
+            "tilelang_flash_decode serves it"
+        )
+    return None
+
+
+class TileLangFlashFwd(FlashForward, AttentionInterface):
+    """FlashAttention 2 on sm_80..89: mma.sync fed by cp.async, 128 query rows per block."""
+
+    supported_archs = frozenset({80, 86, 89})
+
+    @classmethod
+    def region_refusal(cls, call: AttentionCall) -> str | None:
+        return forward_region(call)
+
+
+class TileLangFlashFwdSm90(FlashForward, AttentionInterface):
+    """The same program on sm_90a, where TileLang lowers the tile copies to TMA and the
+    products to wgmma."""
+
+    supported_archs = frozenset({90})
+    features = "a"
+    pass_configs = None
+
+    @classmethod
+    def region_refusal(cls, call: AttentionCall) -> str | None:
+        return forward_region(call)
+
+
+class TileLangFlashDecode(SplitDecode, AttentionInterface):
+    """Split-KV decode over k and v of one length (transformers' caches)."""
+
+    supported_archs = AMPERE_AND_LATER
+
+    @classmethod
+    def region_refusal(cls, call: AttentionCall) -> str | None:
+        return decode_region(call)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        return self.decode(q, k, v, None)
+
+
+class TileLangCacheDecode(SplitDecode, AttentionDecodeInterface):
+    """Split-KV decode over a contiguous cache, each sequence its own length."""
+
+    supported_archs = AMPERE_AND_LATER
+    per_sequence = True
+
+    @classmethod
+    def region_refusal(cls, call: Any) -> str | None:
+        return decode_region(call)
+
+    def forward(
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        return self.decode(q, k_cache, v_cache, cache_seqlens)
