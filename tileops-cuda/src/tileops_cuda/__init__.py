@@ -11,6 +11,7 @@ from importlib.metadata import version as _version
 from tileops.backend import hookimpl, register_kernel_type
 from tileops.ops import (
     AttentionBwdOp,
+    AttentionDecodeOp,
     AttentionFwdOp,
     BatchNormFwdOp,
     GemmOp,
@@ -74,12 +75,16 @@ KERNELS = {
         "sdpa_cudnn": attention_kernels.SdpaCudnn,
         "sdpa_flash": attention_kernels.SdpaFlash,
         "sdpa_efficient": attention_kernels.SdpaEfficient,
+        "tilelang_flash_fwd": attention_kernels.TileLangFlashFwd,
+        "tilelang_flash_fwd_sm90": attention_kernels.TileLangFlashFwdSm90,
+        "tilelang_flash_decode": attention_kernels.TileLangFlashDecode,
     },
     AttentionBwdOp: {
         "sdpa_cudnn": attention_kernels.SdpaCudnnBackward,
         "sdpa_flash": attention_kernels.SdpaFlashBackward,
         "sdpa_efficient": attention_kernels.SdpaEfficientBackward,
     },
+    AttentionDecodeOp: {"tilelang_flash_decode": attention_kernels.TileLangCacheDecode},
 }
 """Every kernel this package registers: op class -> key -> kernel class."""
 
