@@ -11,7 +11,13 @@ from cuda_grid import SIMULATED
 
 import tileops_cuda
 from tileops.cli import main
-from tileops.ops import AttentionBwdOp, AttentionCall, AttentionFwdOp
+from tileops.ops import (
+    AttentionBwdOp,
+    AttentionCall,
+    AttentionDecodeCall,
+    AttentionDecodeOp,
+    AttentionFwdOp,
+)
 from tileops.testing import simulate_device
 from tileops_cuda.attention import kernels
 
@@ -48,13 +54,34 @@ CHOICES = [  # (call, arch, the forward's key)
     (attention_call(dtype=torch.float64), 90, "reference"),
     (attention_call(dim=100, dtype=torch.float32), 90, "sdpa_efficient"),  # 4 divides 100
     (attention_call(dim=36), 90, "reference"),  # no multiple of 8
-    (attention_call(q_len=4097, kv_len=4096), 90, "reference"),  # rows without keys
+    (attention_call(q_len=4097, kv_len=4096), 90, "tilelang_flash_fwd_sm90"),  # keyless rows
+    (attention_call(window=4096), 90, "tilelang_flash_fwd_sm90"),  # no SDPA kernel has windows
+    (attention_call(window=4096), 80, "tilelang_flash_fwd"),
+    (attention_call(window=4096, dim=256), 90, "reference"),  # beyond the TileLang head dims
+    (attention_call(window=4096, dtype=torch.float32), 90, "reference"),
+    (attention_call(q_len=1, window=4096), 90, "tilelang_flash_decode"),  # 4 rows per kv head
+    (attention_call(q_len=16, window=4096), 86, "tilelang_flash_decode"),  # 64 rows
+    (attention_call(q_len=17, window=4096), 86, "tilelang_flash_fwd"),  # 68 rows
 ]
 
 
 @pytest.mark.parametrize("call, arch, expected", CHOICES)
 def test_the_forward_key_for_each_call(call, arch, expected):
     assert key(call, arch) == expected
+
+
+def test_decode_over_per_sequence_lengths_is_tilelang_within_its_tile():
+    def decode_key(q_len: int, kv_heads: int = 8) -> str:
+        call = AttentionDecodeCall(
+            device=torch.device("cuda:0"), batch=4, heads=32, kv_heads=kv_heads, q_len=q_len,
+            capacity=8192, head_dim=128, v_dim=128, causal=True, scale=0.1, dtype=BF16,
+        )  # fmt: skip
+        with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
+            return AttentionDecodeOp(causal=True).key_for("attention_decode", call)
+
+    assert decode_key(1) == decode_key(16) == "tilelang_flash_decode"
+    assert decode_key(2, kv_heads=1) == "tilelang_flash_decode"  # 32 heads x 2 tokens: 64 rows
+    assert decode_key(17) == decode_key(3, kv_heads=1) == "reference"  # 68 and 96 rows
 
 
 def test_deterministic_mode_leaves_cudnn_out():
@@ -117,10 +144,11 @@ def test_explain_names_the_refusals_and_the_winner():
 
 
 def test_the_vendor_kernels_are_registered_on_both_ops():
-    assert set(tileops_cuda.KERNELS[AttentionFwdOp]) >= {
+    assert set(tileops_cuda.KERNELS[AttentionFwdOp]) == {
         "sdpa_cudnn",
         "sdpa_flash",
         "sdpa_efficient",
+        *kernels.TILELANG_KEYS,
     }
     assert set(tileops_cuda.KERNELS[AttentionBwdOp]) == {
         "sdpa_cudnn",
