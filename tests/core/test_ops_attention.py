@@ -167,6 +167,17 @@ def test_one_query_row_is_no_causal_call_unless_a_window_looks_back():
     assert_matches(out, F.scaled_dot_product_attention(q, k, v))
 
 
+def test_a_growing_cache_keeps_one_decode_call_spec():
+    """Decode calls differ in kv_len by a token per step: their call specs round it up to a
+    power of two, so the dispatch cache hits; the output still reads every key."""
+    op = AttentionFwdOp(causal=True)
+    calls = [op.call_for(*qkv(1, 4, 2, 1, n, 8)) for n in (1, 2, 3, 4, 5, 100, 128)]
+    assert [c.kv_len for c in calls] == [1, 2, 4, 4, 8, 128, 128]
+    assert op.call_for(*qkv(1, 4, 2, 3, 100, 8)).kv_len == 100  # prefill: exact
+    q, k, v = qkv(1, 4, 2, 1, 100, 8)
+    assert_matches(op(q, k, v)[0], F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
+
+
 def test_no_keys_gives_zeros_without_a_kernel(monkeypatch):
     op = AttentionFwdOp(causal=True)
     forbid_kernels(monkeypatch, op)

@@ -100,9 +100,9 @@ def check_heads(op: str, heads: int, kv_heads: int, head_dim: int, keys: str = "
     least 1."""
     if kv_heads == 0 or heads % kv_heads:
         raise OpInputError(
-            f"{op}(): argument {keys!r} has {kv_heads} heads, which must divide the {heads} heads of "
-            "argument 'q' (grouped-query attention: each kv head serves heads // kv_heads "
-            "query heads)"
+            f"{op}(): argument {keys!r} has {kv_heads} heads, which must divide the {heads} "
+            "heads of argument 'q' (grouped-query attention: each kv head serves heads // "
+            "kv_heads query heads)"
         )
     if head_dim == 0:
         raise OpInputError(f"{op}(): argument 'q' has head_dim 0; expected at least 1")

@@ -42,7 +42,9 @@ class AttentionCall(CallSpec):
     """One attention call: q (batch, heads, q_len, head_dim) over k and v (batch, kv_heads,
     kv_len, head_dim or v_dim). `causal` is False where it changes nothing (one query row and
     no window); `scale` is the factor resolved (1 / sqrt(head_dim) by default); `window` the
-    sliding window's keys, None for none."""
+    sliding window's keys, None for none. For one query row (decode), `kv_len` above 1 is
+    rounded up to a power of two: a cache growing by a token per step keeps hitting the
+    dispatch cache; kernels read the length off k."""
 
     batch: int
     heads: int
@@ -55,6 +57,11 @@ class AttentionCall(CallSpec):
     scale: float
     dtype: torch.dtype
     window: int | None = None
+
+
+def decode_bucket(kv_len: int) -> int:
+    """`kv_len` as a decode call spec holds it: 1 as is, else the next power of two."""
+    return 1 << (kv_len - 1).bit_length() if kv_len > 1 else kv_len
 
 
 class AttentionInterface(KernelInterface):
@@ -105,7 +112,7 @@ class _Attention(AttentionParams):
             heads=heads,
             kv_heads=k.shape[1],
             q_len=q_len,
-            kv_len=k.shape[2],
+            kv_len=decode_bucket(k.shape[2]) if q_len == 1 else k.shape[2],
             head_dim=head_dim,
             v_dim=v.shape[-1],
             causal=self.causal_for(q_len),
