@@ -143,3 +143,16 @@ def test_kernelize_sets_the_attention_on_request():
     assert "attn_implementation 'tileops': (root)" in str(report)
     wrapper = torch.nn.Sequential(build())
     assert tnn.kernelize(wrapper, attention=True).attention == ["0"]
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_prefill_and_decode_match_sdpa(attention_calls):
+    """bfloat16 on the GPU: the SDPA kernels and TileLang's serve the op's calls."""
+    sdpa, ours = (m.to("cuda", torch.bfloat16) for m in pair())
+    ids = tokens(length=40).cuda()
+    with torch.no_grad():
+        want, got = sdpa(ids).logits.float(), ours(ids).logits.float()
+        assert float((got - want).norm() / want.norm()) < 2e-2
+        options = {"max_new_tokens": 8, "do_sample": False}
+        assert ours.generate(ids, **options).shape == sdpa.generate(ids, **options).shape
+    assert (1, 41) in attention_calls  # a decode step through the op
