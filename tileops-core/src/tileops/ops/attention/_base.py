@@ -73,6 +73,24 @@ class AttentionParams:
         """The scale the scores are multiplied by, `scale` or 1 / sqrt(head_dim)."""
         return 1.0 / math.sqrt(head_dim) if self.scale is None else self.scale
 
+    def call_fields(self, q: torch.Tensor, v: torch.Tensor) -> dict[str, Any]:
+        """The call-spec fields every (batch, heads, seq, dim) attention call has, from q and
+        v (or v's cache)."""
+        batch, heads, q_len, head_dim = q.shape
+        return {
+            "device": q.device,
+            "batch": batch,
+            "heads": heads,
+            "kv_heads": v.shape[1],
+            "q_len": q_len,
+            "head_dim": head_dim,
+            "v_dim": v.shape[-1],
+            "causal": self.causal_for(q_len),
+            "scale": self.scale_for(head_dim),
+            "dtype": q.dtype,
+            "window": self.window,
+        }
+
     def causal_for(self, q_len: int) -> bool:
         """Whether the causal mask changes anything: not for one query row (the last position
         sees every key) unless a window looks back from it."""

@@ -5,6 +5,7 @@ slots per sequence) or paged (blocks of slots, a block table per sequence)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -104,16 +105,27 @@ class AttentionPagedDecodeInterface(KernelInterface):
         raise NotImplementedError
 
 
+def attend_cache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    lens: Tensor,
+    table: Tensor | None,
+    options: dict[str, Any],
+) -> tuple[Tensor, Tensor]:
+    """`_math.attend` over each sequence's first lens[b] keys, paged caches gathered into
+    contiguous rows first (`_math.gather_pages`); `options`: scale, causal and window."""
+    k, v = k_cache, v_cache
+    if table is not None:
+        k, v = gather_pages(k_cache, table, lens), gather_pages(v_cache, table, lens)
+    return attend(q, k, v, kv_lens=lens, **options)
+
+
 class _DecodeReference(ReferenceKernel):
     build_fields = ("scale", "causal", "window")
 
     def __init__(self, scale: float, causal: bool, window: int | None) -> None:
-        self.scale, self.causal, self.window = scale, causal, window
-
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, lens: Tensor) -> tuple[Tensor, Tensor]:
-        return attend(
-            q, k, v, scale=self.scale, causal=self.causal, window=self.window, kv_lens=lens
-        )
+        self.options = {"scale": scale, "causal": causal, "window": window}
 
 
 class AttentionDecodeReference(_DecodeReference, AttentionDecodeInterface):
@@ -122,7 +134,7 @@ class AttentionDecodeReference(_DecodeReference, AttentionDecodeInterface):
     def forward(
         self, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor
     ) -> tuple[Tensor, Tensor]:
-        return self.attend(q, k_cache, v_cache, cache_seqlens)
+        return attend_cache(q, k_cache, v_cache, cache_seqlens, None, self.options)
 
 
 class AttentionPagedDecodeReference(_DecodeReference, AttentionPagedDecodeInterface):
@@ -137,9 +149,7 @@ class AttentionPagedDecodeReference(_DecodeReference, AttentionPagedDecodeInterf
         cache_seqlens: Tensor,
         block_table: Tensor,
     ) -> tuple[Tensor, Tensor]:
-        k = gather_pages(k_cache, block_table, cache_seqlens)
-        v = gather_pages(v_cache, block_table, cache_seqlens)
-        return self.attend(q, k, v, cache_seqlens)
+        return attend_cache(q, k_cache, v_cache, cache_seqlens, block_table, self.options)
 
 
 class AttentionDecodeOp(AttentionParams, Op):
@@ -226,21 +236,7 @@ class AttentionDecodeOp(AttentionParams, Op):
         return call_kernel(self, "attention_paged_decode", call, out_shape, *tensors)
 
     def _call(self, call_cls: type, q: Tensor, v_cache: Tensor, **cache: int) -> CallSpec:
-        batch, heads, q_len, head_dim = q.shape
-        return call_cls(
-            device=q.device,
-            batch=batch,
-            heads=heads,
-            kv_heads=v_cache.shape[1],
-            q_len=q_len,
-            head_dim=head_dim,
-            v_dim=v_cache.shape[-1],
-            causal=self.causal_for(q_len),
-            scale=self.scale_for(head_dim),
-            dtype=q.dtype,
-            window=self.window,
-            **cache,
-        )
+        return call_cls(**self.call_fields(q, v_cache), **cache)
 
     def reference_forward(
         self,
@@ -250,14 +246,12 @@ class AttentionDecodeOp(AttentionParams, Op):
         cache_seqlens: Tensor,
         block_table: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        k, v = k_cache, v_cache
-        if block_table is not None:
-            k = gather_pages(k_cache, block_table, cache_seqlens)
-            v = gather_pages(v_cache, block_table, cache_seqlens)
-        scale = self.scale_for(q.shape[-1])
-        return attend(
-            q, k, v, scale=scale, causal=self.causal, window=self.window, kv_lens=cache_seqlens
-        )
+        options = {
+            "scale": self.scale_for(q.shape[-1]),
+            "causal": self.causal,
+            "window": self.window,
+        }
+        return attend_cache(q, k_cache, v_cache, cache_seqlens, block_table, options)
 
     @classmethod
     def sample_cases(cls) -> Iterable[Case]:

@@ -105,26 +105,9 @@ class _Attention(AttentionParams):
         check_heads(type(self).__name__, q.shape[1], k.shape[1], q.shape[-1])
 
     def call_for(self, q: Tensor, k: Tensor, v: Tensor) -> AttentionCall:
-        batch, heads, q_len, head_dim = q.shape
-        return AttentionCall(
-            device=q.device,
-            batch=batch,
-            heads=heads,
-            kv_heads=k.shape[1],
-            q_len=q_len,
-            kv_len=decode_bucket(k.shape[2]) if q_len == 1 else k.shape[2],
-            head_dim=head_dim,
-            v_dim=v.shape[-1],
-            causal=self.causal_for(q_len),
-            scale=self.scale_for(head_dim),
-            dtype=q.dtype,
-            window=self.window,
-        )
-
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        return attend(
-            q, k, v, scale=self.scale_for(q.shape[-1]), causal=self.causal, window=self.window
-        )
+        kv_len = k.shape[2]
+        kv_len = decode_bucket(kv_len) if q.shape[2] == 1 else kv_len
+        return AttentionCall(kv_len=kv_len, **self.call_fields(q, v))
 
 
 class AttentionBackward(Kernel, BackwardInterface):
@@ -178,7 +161,8 @@ class AttentionFwdOp(_Attention, Op):
         return call_kernel(self, "attention", call, out_shape, *args)
 
     def reference_forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        return self._attend(q, k, v)
+        scale = self.scale_for(q.shape[-1])
+        return attend(q, k, v, scale=scale, causal=self.causal, window=self.window)
 
     @classmethod
     def sample_cases(cls) -> Iterable[Case]:
