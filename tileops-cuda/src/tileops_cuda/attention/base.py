@@ -14,6 +14,7 @@ from tileops.kernel import Build
 
 from .._common.arith import DTYPE_NAMES
 from .._common.compile import build_program
+from .._common.operands import aligned
 from .decode_program import combine_program, split_program
 from .fwd_program import fwd_program
 from .plans import DECODE_ROWS, HEAD_DIMS, decode_plan, decode_rows, fwd_plan
@@ -107,6 +108,7 @@ class FlashForward(_TileLang):
         return [lambda: fwd_program(call, plan)]
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        q, k, v = aligned(q), aligned(k), aligned(v)
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
         self.compiled[0](q, k, v, out, lse)
@@ -135,7 +137,7 @@ class SplitDecode(_TileLang):
     def decode(self, q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None) -> tuple:
         batch, heads, q_len, dim = q.shape
         rows, splits = heads * q_len, self.plan_.splits
-        q_rows = q.view(batch, rows, dim)
+        q_rows, k, v = aligned(q).view(batch, rows, dim), aligned(k), aligned(v)
         o_part = torch.empty((batch, rows, splits, dim), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((batch, rows, splits), dtype=torch.float32, device=q.device)
         tensors = (q_rows, k, v) if lens is None else (q_rows, k, v, lens)
