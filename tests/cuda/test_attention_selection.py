@@ -26,11 +26,12 @@ BF16 = torch.bfloat16
 
 def attention_call(
     batch=2, heads=32, kv_heads=8, q_len=4096, kv_len=4096, dim=128, v_dim=None, causal=True,
-    dtype=BF16, window=None,
+    dtype=BF16, window=None, scale=None,
 ) -> AttentionCall:  # fmt: skip
+    scale = dim**-0.5 if scale is None else scale
     return AttentionCall(
         device=torch.device("cuda:0"), batch=batch, heads=heads, kv_heads=kv_heads, q_len=q_len,
-        kv_len=kv_len, head_dim=dim, v_dim=v_dim or dim, causal=causal, scale=dim**-0.5,
+        kv_len=kv_len, head_dim=dim, v_dim=v_dim or dim, causal=causal, scale=scale,
         dtype=dtype, window=window,
     )  # fmt: skip
 
@@ -54,6 +55,7 @@ CHOICES = [  # (call, arch, the forward's key)
     (attention_call(dtype=torch.float64), 90, "reference"),
     (attention_call(dim=100, dtype=torch.float32), 90, "sdpa_efficient"),  # 4 divides 100
     (attention_call(dim=36), 90, "reference"),  # no multiple of 8
+    (attention_call(scale=-0.1), 90, "reference"),  # online softmaxes need scale > 0
     (attention_call(q_len=4097, kv_len=4096), 90, "tilelang_flash_fwd_sm90"),  # keyless rows
     (attention_call(window=4096), 90, "tilelang_flash_fwd_sm90"),  # no SDPA kernel has windows
     (attention_call(window=4096), 80, "tilelang_flash_fwd"),

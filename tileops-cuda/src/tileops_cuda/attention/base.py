@@ -25,8 +25,16 @@ HALF = (torch.float16, torch.bfloat16)
 MMA_SYNC_ONLY = {"tl.disable_warp_specialized": True, "tl.disable_wgmma": True}
 
 
+def scale_refusal(call: Any) -> str | None:
+    """An online softmax tracks each row's largest raw score, which is its largest scaled score
+    only for a positive scale (FlashAttention's kernels as ours)."""
+    if call.scale <= 0:
+        return f"scale {call.scale} <= 0: the online softmax needs a positive scale"
+    return None
+
+
 def program_refusal(call: Any) -> str | None:
-    """What no TileLang attention program takes: other dtypes, other head dims."""
+    """What no TileLang attention program takes: other dtypes, other head dims, scales <= 0."""
     if call.dtype not in HALF:
         return f"{call.dtype} is not served (float16 and bfloat16 only); the reference serves it"
     if call.head_dim != call.v_dim or call.head_dim not in HEAD_DIMS:
@@ -34,7 +42,7 @@ def program_refusal(call: Any) -> str | None:
             f"head dims {call.head_dim} and {call.v_dim} are not served (one head dim of "
             f"{' or '.join(map(str, HEAD_DIMS))})"
         )
-    return None
+    return scale_refusal(call)
 
 
 def decode_region(call: Any) -> str | None:

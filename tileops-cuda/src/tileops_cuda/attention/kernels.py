@@ -43,7 +43,7 @@ from tileops.ops import (
 
 from .._common.arith import AMPERE_AND_LATER
 from . import sdpa
-from .base import FlashForward, SplitDecode, decode_region
+from .base import FlashForward, SplitDecode, decode_region, scale_refusal
 from .plans import DECODE_ROWS
 
 HALF = (torch.float16, torch.bfloat16)
@@ -60,13 +60,13 @@ CUDNN_MAX_BATCH_HEADS = 65535
 
 
 def shared_refusal(call: AttentionCall, dtypes: tuple[torch.dtype, ...]) -> str | None:
-    """What no SDPA backend serves: dtypes beyond `dtypes`, sliding windows."""
+    """What no SDPA backend serves: dtypes beyond `dtypes`, sliding windows, scales <= 0."""
     if call.dtype not in dtypes:
         names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
         return f"{call.dtype} is not served ({names} only); the reference serves it"
     if call.window is not None:
         return "torch's SDPA kernels take no sliding window"
-    return None
+    return scale_refusal(call)
 
 
 def top_left_causal(call: AttentionCall) -> str | None:
