@@ -11,6 +11,10 @@ from op_helpers import randn
 import tileops
 import tileops.ops
 from tileops import (
+    AttentionBwdOp,
+    AttentionDecodeOp,
+    AttentionFwdOp,
+    AttentionVarlenFwdOp,
     BatchNormFwdOp,
     CallSpec,
     GemmOp,
@@ -22,12 +26,21 @@ from tileops import (
 from tileops.testing import simulate_device
 
 OPS = [LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp, BatchNormFwdOp, GemmOp]
+OPS += [AttentionFwdOp, AttentionBwdOp, AttentionDecodeOp, AttentionVarlenFwdOp]
+LENS, OFFSETS = torch.tensor([2, 3], dtype=torch.int32), torch.tensor([0, 1, 3])
 ARGS = {  # a constructor call and a call for each op
     LayerNormFwdOp: ((8,), (randn(2, 8), randn(8), randn(8))),
     RMSNormFwdOp: ((8,), (randn(2, 8), randn(8))),
     SoftmaxFwdOp: ((0,), (randn(4, 3),)),
     BatchNormFwdOp: ((3,), (randn(4, 3), None, None, torch.zeros(3), torch.ones(3))),
     GemmOp: ((), (randn(2, 3), randn(3, 4))),
+    AttentionFwdOp: ((True,), (randn(2, 4, 3, 8), randn(2, 2, 3, 8), randn(2, 2, 3, 8))),
+    AttentionBwdOp: (
+        (),
+        (randn(1, 2, 3, 8), randn(1, 2, 3, 8), randn(1, 1, 3, 8), randn(1, 1, 3, 8)),
+    ),
+    AttentionDecodeOp: ((True,), (randn(2, 2, 1, 8), randn(2, 1, 4, 8), randn(2, 1, 4, 8), LENS)),
+    AttentionVarlenFwdOp: ((), (randn(3, 2, 8), randn(3, 1, 8), randn(3, 1, 8), OFFSETS, OFFSETS)),
 }
 
 
@@ -73,8 +86,9 @@ def test_sample_cases_run(op_cls):
     cases = list(op_cls.sample_cases())
     assert cases
     for case in cases:
-        out = op_cls(**case.params)(*case.inputs)
-        assert out.dtype == torch.float32 and out.isfinite().all()
+        result = op_cls(**case.params)(*case.inputs)
+        for out in result if isinstance(result, tuple) else (result,):  # attention: out, lse
+            assert out.dtype == torch.float32 and out.isfinite().all()
 
 
 NOT_DENSE = {  # a tensor of the same values in another layout; what errors call it and advise

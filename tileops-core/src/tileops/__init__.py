@@ -26,7 +26,17 @@ from .errors import (
 from .explanation import Explanation
 from .kernel import Kernel, KernelInterface
 from .op import BUILTIN, Op
-from .ops import BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
+from .ops import (
+    AttentionBwdOp,
+    AttentionDecodeOp,
+    AttentionFwdOp,
+    AttentionVarlenFwdOp,
+    BatchNormFwdOp,
+    GemmOp,
+    LayerNormFwdOp,
+    RMSNormFwdOp,
+    SoftmaxFwdOp,
+)
 from .record import Record, record
 from .requirements import Requirements
 from .signature import Input, Output, Signature, TensorSpec
@@ -37,12 +47,18 @@ __version__ = "0.1.0"
 # holding `tileops::RMSNormFwdOp` loads in a fresh process.
 for _op in (BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp):
     _library.operator(_op)
+for _op in (AttentionFwdOp, AttentionBwdOp, AttentionDecodeOp, AttentionVarlenFwdOp):
+    _library.operator(_op)
 
 __all__ = [
     "BUILTIN",
     "AmbiguousDispatchError",
     "AmbiguousTargetError",
     "ArgumentError",
+    "AttentionBwdOp",
+    "AttentionDecodeOp",
+    "AttentionFwdOp",
+    "AttentionVarlenFwdOp",
     "BackendError",
     "BatchNormFwdOp",
     "CallSpec",

@@ -185,7 +185,13 @@ def _refuse_gradients_it_lacks(op: Op, tensors: tuple) -> None:
 def _setup_context(op_cls: type[Op]) -> Any:
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
         tensors, params, target = _split(op_cls, inputs)
-        _refuse_gradients_it_lacks(instance(op_cls, params, target), tensors)
+        op = instance(op_cls, params, target)
+        _refuse_gradients_it_lacks(op, tensors)
+        outputs = output if isinstance(output, tuple) else (output,)
+        specs = op.signature.outputs
+        frozen = [t for t, s in zip(outputs, specs, strict=True) if not s.differentiable]
+        if frozen:  # the log-sum-exp of attention: no gradient flows through it
+            ctx.mark_non_differentiable(*frozen)
         ctx.save_for_backward(*tensors)
         ctx.params, ctx.target = params, target
 

@@ -83,7 +83,7 @@ def _check_key(op_cls: type[Op], interface: str, found: KeyNumerics, device: tor
                 found.not_served += 1
                 continue
             want = op.reference_forward(*[_copy(t, torch.float64, "cpu") for t in inputs])
-            error = _relative_error(got, want)
+            error = max(map(_relative_error, _outputs(got), _outputs(want)))
             found.checked += 1
             found.worst = max(found.worst, error)
             if not error <= TOLERANCE[dtype]:
@@ -105,14 +105,27 @@ def _dtypes(op: Op) -> list[torch.dtype]:
 def _inputs(
     op: Op, case: Case, dtype: torch.dtype, device: torch.device
 ) -> list[torch.Tensor | None]:
-    """The case's inputs on `device` in `dtype`, padded with None to the signature's length."""
-    given = [None if t is None else t.to(device=device, dtype=dtype) for t in case.inputs]
+    """The case's inputs on `device`, floating ones in `dtype` (integer ones, such as sequence
+    lengths, as they are), padded with None to the signature's length."""
+    given = [None if t is None else t.to(device, _recast(t, dtype)) for t in case.inputs]
     return given + [None] * (len(op.signature.inputs) - len(given))
 
 
 def _copy(t: torch.Tensor | None, dtype: torch.dtype | None = None, device: str | None = None):
-    """A fresh copy (ops may write inputs: BatchNorm's running stats), optionally recast."""
-    return None if t is None else t.to(device=device or t.device, dtype=dtype or t.dtype, copy=True)
+    """A fresh copy (ops may write inputs: BatchNorm's running stats), floating ones optionally
+    recast."""
+    if t is None:
+        return None
+    return t.to(device=device or t.device, dtype=_recast(t, dtype or t.dtype), copy=True)
+
+
+def _recast(t: torch.Tensor, dtype: torch.dtype) -> torch.dtype:
+    return dtype if t.is_floating_point() else t.dtype
+
+
+def _outputs(result: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """Every output of a call (attention returns its output and log-sum-exp)."""
+    return result if isinstance(result, tuple) else (result,)
 
 
 def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -69,12 +69,23 @@ class Input:
 
 @dataclass(frozen=True)
 class Output:
-    """An output: same shape and dtype as input `like`, or `shape` with the dtype of `dtype_of`."""
+    """An output: same shape and dtype as input `like`, or `shape` with the dtype of `dtype_of`
+    promoted to at least `min_dtype` (attention's log-sum-exp: float32 beside 16-bit inputs).
+
+    `differentiable`: False where the op defines no gradient through it (the log-sum-exp, as
+    torch's own attention kernels declare it); under autograd it comes back not requiring grad.
+    """
 
     name: str
     like: str | None = None
     shape: tuple[Dim, ...] = ()
     dtype_of: str | None = None
+    min_dtype: torch.dtype | None = None
+    differentiable: bool = True
+
+    def dtype_from(self, dtype: torch.dtype) -> torch.dtype:
+        """This output's dtype for inputs of `dtype` (that of `like` or `dtype_of`)."""
+        return dtype if self.min_dtype is None else torch.promote_types(dtype, self.min_dtype)
 
 
 _new_bound_call = tuple.__new__  # skips the named tuple's Python-level __new__ on the hot path
@@ -308,7 +319,8 @@ class Signature:
                 layout.append((out.name, list(like.shape), like.dtype))
             else:
                 shape = [call.sizes[d] if isinstance(d, str) else d for d in out.shape]
-                layout.append((out.name, shape, call.tensors[self._positions[out.dtype_of]].dtype))
+                dtype = call.tensors[self._positions[out.dtype_of]].dtype
+                layout.append((out.name, shape, out.dtype_from(dtype)))
         return layout
 
     def make_outputs(self, call: BoundCall) -> dict[str, torch.Tensor]:
@@ -330,7 +342,7 @@ class Signature:
             else:
                 source = tensors[self._positions[out.dtype_of]]
                 shape = [sizes[d] if isinstance(d, str) else d for d in out.shape]
-                outputs.append(source.new_empty(shape))
+                outputs.append(source.new_empty(shape, dtype=out.dtype_from(source.dtype)))
         return outputs
 
     def _all_written_empty(self, values: tuple, sizes: dict[str, int]) -> bool:

@@ -9,7 +9,16 @@ from __future__ import annotations
 from importlib.metadata import version as _version
 
 from tileops.backend import hookimpl, register_kernel_type
-from tileops.ops import BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
+from tileops.ops import (
+    AttentionBwdOp,
+    AttentionDecodeOp,
+    AttentionFwdOp,
+    BatchNormFwdOp,
+    GemmOp,
+    LayerNormFwdOp,
+    RMSNormFwdOp,
+    SoftmaxFwdOp,
+)
 
 TILEOPS_PROTOCOL = 1
 
@@ -20,6 +29,7 @@ def tileops_backend_info() -> dict:
 
 
 # Imported after the hook, so that it is in place even if a kernel module fails to import.
+from .attention import kernels as attention_kernels  # noqa: E402
 from .batch_norm import kernels as bn_kernels  # noqa: E402
 from .gemm import kernels as gemm_kernels  # noqa: E402
 from .rows import kernels as row_kernels  # noqa: E402
@@ -61,6 +71,20 @@ KERNELS = {
         "tilelang_gemm_hopper": gemm_kernels.GemmHopper,
         "tilelang_gemm_skinny": gemm_kernels.GemmSkinny,
     },
+    AttentionFwdOp: {
+        "sdpa_cudnn": attention_kernels.SdpaCudnn,
+        "sdpa_flash": attention_kernels.SdpaFlash,
+        "sdpa_efficient": attention_kernels.SdpaEfficient,
+        "tilelang_flash_fwd": attention_kernels.TileLangFlashFwd,
+        "tilelang_flash_fwd_sm90": attention_kernels.TileLangFlashFwdSm90,
+        "tilelang_flash_decode": attention_kernels.TileLangFlashDecode,
+    },
+    AttentionBwdOp: {
+        "sdpa_cudnn": attention_kernels.SdpaCudnnBackward,
+        "sdpa_flash": attention_kernels.SdpaFlashBackward,
+        "sdpa_efficient": attention_kernels.SdpaEfficientBackward,
+    },
+    AttentionDecodeOp: {"tilelang_flash_decode": attention_kernels.TileLangCacheDecode},
 }
 """Every kernel this package registers: op class -> key -> kernel class."""
 

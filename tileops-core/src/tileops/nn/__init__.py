@@ -1,6 +1,8 @@
 """`tileops.nn`: drop-in replacements for torch.nn modules that run through tileops ops, and
 `kernelize`, which swaps them into an existing model in place, together with the norm classes
-of other libraries whose semantics are declared (`register_module_semantics`).
+of other libraries whose semantics are declared (`register_module_semantics`); and
+`register_transformers_attention`, which makes `attn_implementation="tileops"` available to
+transformers models.
 
 Import it explicitly (`import tileops.nn`); `import tileops` does not load it.
 """
@@ -8,7 +10,9 @@ Import it explicitly (`import tileops.nn`); `import tileops` does not load it.
 from __future__ import annotations
 
 from .activation import Softmax
+from .attention import MultiheadAttention
 from .batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
+from .hf_attention import register_transformers_attention
 from .kernelize import KERNELIZED, KernelizeReport, Skipped, Swapped, kernelize
 from .linear import Linear
 from .normalization import LayerNorm, RMSNorm
@@ -23,6 +27,7 @@ __all__ = [
     "LayerNorm",
     "Linear",
     "ModuleSemantics",
+    "MultiheadAttention",
     "RMSNorm",
     "Skipped",
     "Softmax",
@@ -30,4 +35,5 @@ __all__ = [
     "declared_semantics",
     "kernelize",
     "register_module_semantics",
+    "register_transformers_attention",
 ]

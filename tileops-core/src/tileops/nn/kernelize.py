@@ -8,11 +8,12 @@ held elsewhere keep working, and a module shared by two parents is swapped once.
 Two kinds of module are swapped: torch.nn's own types (exactly those of `KERNELIZED`, for their
 tileops.nn versions), and the classes of other libraries whose semantics are declared
 (`register_module_semantics`; transformers' RMSNorm families are built in), for a subclass
-generated per class (see `declared`). A subclass of either may override forward (or its owner
-may bypass it, as `nn.MultiheadAttention` does with its `out_proj`), so it is skipped with that
-reason; so is a module whose configuration the op cannot serve, whose forward was replaced on
-the instance (accelerate's hooks do that), or a class transformers names a hub norm layer that
-has no declaration.
+generated per class (see `declared`). With `attention=True`, transformers models also get
+`attn_implementation="tileops"` (see `hf_attention`). A subclass of either may override forward
+(or its owner may bypass it, as `nn.MultiheadAttention` does with its `out_proj`), so it is
+skipped with that reason; so is a module whose configuration the op cannot serve, whose forward
+was replaced on the instance (accelerate's hooks do that), or a class transformers names a hub
+norm layer that has no declaration.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import NamedTuple
 from torch import nn
 
 from ..errors import ArgumentError
+from . import hf_attention
 from ._base import TileModule
 from .activation import Softmax
 from .batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
@@ -57,6 +59,7 @@ class KernelizeReport:
 
     swapped: list[Swapped] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    attention: list[str] = field(default_factory=list)  # transformers models set to tileops
 
     def __str__(self) -> str:
         rows = [
@@ -68,6 +71,8 @@ class KernelizeReport:
         if self.skipped:
             rows = [(s.name, _qualname(s.type), s.reason) for s in self.skipped]
             text += "\n\n" + _table(("module", "type", "reason"), rows, f"skipped {len(rows)}")
+        if self.attention:
+            text += f"\n\nattn_implementation {hf_attention.NAME!r}: {', '.join(self.attention)}"
         return text
 
 
@@ -75,12 +80,18 @@ def kernelize(
     model: nn.Module,
     *,
     modules: type[nn.Module] | Iterable[type[nn.Module]] | None = None,
+    attention: bool = False,
 ) -> KernelizeReport:
     """Swap, in place, every module of `model` (itself included) whose class is exactly one of
     `modules` (one class or several; default: every key of `KERNELIZED` and every declared
-    class) for its tileops version; return a report of what was swapped and what was not."""
+    class) for its tileops version, and with `attention=True` every transformers model in it to
+    `attn_implementation="tileops"` (a process that loads such a model saved must call
+    `register_transformers_attention()` before running it, as for any attention function
+    registered with transformers); return a report of what was swapped and what was not."""
     selected = _selected(modules)
     report = KernelizeReport()
+    if attention:
+        report.attention = _set_attention(model)
     for name, module in model.named_modules():
         planned = _plan(type(module), selected)
         if planned is None:
@@ -97,6 +108,21 @@ def kernelize(
         else:
             report.skipped.append(Skipped(name, type(module), reason))
     return report
+
+
+def _set_attention(model: nn.Module) -> list[str]:
+    """Set the outermost transformers models in `model` (those with `set_attn_implementation`
+    whose attention goes through transformers' AttentionInterface) to "tileops"; their
+    sub-models follow. Returns their names."""
+    done: list[str] = []
+    for name, module in model.named_modules():
+        if any(name.startswith(f"{outer}.") or outer == "" for outer in done):
+            continue
+        can_set = getattr(module, "_can_set_attn_implementation", None)
+        if callable(getattr(module, "set_attn_implementation", None)) and can_set and can_set():
+            module.set_attn_implementation(hf_attention.register_transformers_attention())
+            done.append(name)
+    return [name or "(root)" for name in done]
 
 
 def _selected(modules: object) -> frozenset[type[nn.Module]] | None:

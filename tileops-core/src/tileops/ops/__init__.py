@@ -4,6 +4,21 @@ reference kernels, so every op runs on CPU (and on meta tensors) with tileops-co
 from __future__ import annotations
 
 from ..backward import BackwardCall, BackwardInterface
+from .attention import (
+    AttentionBwdInterface,
+    AttentionBwdOp,
+    AttentionCall,
+    AttentionDecodeCall,
+    AttentionDecodeInterface,
+    AttentionDecodeOp,
+    AttentionFwdOp,
+    AttentionInterface,
+    AttentionPagedDecodeCall,
+    AttentionPagedDecodeInterface,
+    AttentionVarlenCall,
+    AttentionVarlenFwdOp,
+    AttentionVarlenInterface,
+)
 from .gemm import GemmCall, GemmInterface, GemmOp
 from .norm import (
     BatchNormCall,
@@ -20,6 +35,19 @@ from .norm import (
 from .softmax import SoftmaxCall, SoftmaxFwdOp, SoftmaxInterface
 
 __all__ = [
+    "AttentionBwdInterface",
+    "AttentionBwdOp",
+    "AttentionCall",
+    "AttentionDecodeCall",
+    "AttentionDecodeInterface",
+    "AttentionDecodeOp",
+    "AttentionFwdOp",
+    "AttentionInterface",
+    "AttentionPagedDecodeCall",
+    "AttentionPagedDecodeInterface",
+    "AttentionVarlenCall",
+    "AttentionVarlenFwdOp",
+    "AttentionVarlenInterface",
     "BackwardCall",
     "BackwardInterface",
     "BatchNormCall",

@@ -1,0 +1,101 @@
+"""Every TileLang attention kernel compiles to a cubin (no GPU) for each arch it declares among
+sm_80 and sm_90, in each configuration: head_dim 64 and 128, causal or not, float16 and
+bfloat16, a sliding window; the forward on sm_90 with TMA and wgmma, the rest with cp.async and
+mma.sync; decode as its two kernels (the slices, their combination)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from cuda_grid import SIMULATED
+
+from tileops.ops import AttentionCall, AttentionDecodeCall
+from tileops.testing import simulate_device
+from tileops_cuda.attention import kernels
+
+CONFIGS = list(itertools.product((64, 128), (False, True), (torch.float16, torch.bfloat16)))
+FORWARDS = [(kernels.TileLangFlashFwd, 80), (kernels.TileLangFlashFwdSm90, 90)]
+# The two decode classes differ in where the lengths come from: every configuration of the one
+# with per-sequence lengths, one of the other per arch.
+DECODES = [(kernels.TileLangCacheDecode, 80), (kernels.TileLangCacheDecode, 90)]
+UNIFORM_DECODES = [(kernels.TileLangFlashDecode, 80), (kernels.TileLangFlashDecode, 90)]
+
+
+def call_for(cls, dim: int, causal: bool, dtype: torch.dtype, window: int | None = None):
+    q_len = 1024 if cls in (kernels.TileLangFlashFwd, kernels.TileLangFlashFwdSm90) else 2
+    fields = dict(
+        device=torch.device("cuda:0"), batch=2, heads=16, kv_heads=4, q_len=q_len,
+        head_dim=dim, v_dim=dim, causal=causal, scale=dim**-0.5, dtype=dtype, window=window,
+    )  # fmt: skip
+    if cls is kernels.TileLangCacheDecode:
+        return AttentionDecodeCall(capacity=4096, **fields)
+    return AttentionCall(kv_len=4096, **fields)
+
+
+def build(cls, call, arch: int):
+    with simulate_device("cuda:0", arch=arch, **SIMULATED[arch]):
+        assert cls.refusal(call) is None, cls.refusal(call)
+        identity, make = cls.entry_for(call)
+        return identity, make()
+
+
+def sources(kernel) -> list[str]:
+    return [compiled.get_kernel_source() for compiled in kernel.compiled]
+
+
+@pytest.mark.parametrize(
+    "cls, arch", FORWARDS + DECODES, ids=lambda v: getattr(v, "__name__", str(v))
+)
+@pytest.mark.parametrize("dim, causal, dtype", CONFIGS, ids=str)
+def test_each_configuration_compiles_to_cubin(cls, arch, dim, causal, dtype, tilelang_cache):
+    identity, kernel = build(cls, call_for(cls, dim, causal, dtype), arch)
+    assert identity[0] == arch
+    assert len(kernel.compiled) == (2 if issubclass(cls, kernels.SplitDecode) else 1)
+    for compiled in kernel.compiled:
+        assert compiled.target.attrs["arch"] == f"sm_{arch}{cls.features}"
+        assert "__global__" in compiled.get_kernel_source()
+        assert tilelang_cache in compiled._tilelang_cache_path
+
+
+@pytest.mark.parametrize(
+    "cls, arch", FORWARDS + UNIFORM_DECODES, ids=lambda v: getattr(v, "__name__", str(v))
+)
+def test_a_sliding_window_compiles(cls, arch, tilelang_cache):
+    _, kernel = build(cls, call_for(cls, 128, True, torch.bfloat16, window=512), arch)
+    assert "__global__" in sources(kernel)[0]
+
+
+def test_the_sm_90_forward_loads_by_tma_and_multiplies_by_wgmma(tilelang_cache):
+    call = call_for(kernels.TileLangFlashFwdSm90, 128, True, torch.bfloat16)
+    _, kernel = build(kernels.TileLangFlashFwdSm90, call, 90)
+    (source,) = sources(kernel)
+    assert "tl::tma_load" in source and "wgmma" in source
+
+
+def test_the_sm_80_forward_and_decode_stay_on_cp_async_and_mma_sync(tilelang_cache):
+    for cls, arch in ((kernels.TileLangFlashFwd, 80), (kernels.TileLangFlashDecode, 90)):
+        _, kernel = build(cls, call_for(cls, 64, False, torch.float16), arch)
+        source = sources(kernel)[0]
+        assert "mma" in source and "cp_async" in source
+        assert "wgmma" not in source and "tma_load" not in source
+
+
+def test_one_forward_build_serves_every_length(tilelang_cache):
+    """q_len, kv_len and batch are symbolic: calls of other lengths share the entry."""
+    cls = kernels.TileLangFlashFwdSm90
+    with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
+        first, _ = cls.entry_for(call_for(cls, 128, True, torch.bfloat16))
+        other = AttentionCall(
+            device=torch.device("cuda:0"), batch=7, heads=16, kv_heads=4, q_len=333, kv_len=999,
+            head_dim=128, v_dim=128, causal=True, scale=128**-0.5, dtype=torch.bfloat16,
+        )  # fmt: skip
+        assert cls.entry_for(other)[0] == first
+
+
+def test_decode_splits_the_keys_until_the_grid_fills_the_sms():
+    call = call_for(kernels.TileLangFlashDecode, 128, False, torch.bfloat16)
+    with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
+        plan = kernels.TileLangFlashDecode.plan(call)  # 2 sequences x 4 kv heads = 8 blocks
+    assert plan.splits == -(-132 * 2 // 8) and plan.rows == 8 and plan.block_h == 16

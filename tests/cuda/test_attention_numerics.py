@@ -1,0 +1,193 @@
+"""Attention kernels against the float64 reference on a real GPU (skipped without CUDA): each
+vendor kernel on calls it serves (out, lse and the backward's gradients), the dispatched ops on
+the issue's shapes scaled down, and each TileLang kernel pinned: masks, rows without keys,
+grouped heads, decode over per-sequence lengths."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tileops_cuda
+from tileops import AttentionBwdOp, AttentionDecodeOp, AttentionFwdOp, pinned
+from tileops.ops.attention._math import attend, attend_grads
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda_kernels_only")]
+
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 1.6e-2}
+BF16, F16 = torch.bfloat16, torch.float16
+VENDOR_KEYS = ("sdpa_cudnn", "sdpa_flash", "sdpa_efficient")
+
+# (batch, heads, kv_heads, q_len, kv_len, dim, causal): calls every vendor kernel serves
+# (causal only where q_len == kv_len, which cuDNN and the efficient kernel need), and more.
+CALLS = [
+    (2, 8, 2, 256, 256, 128, True),  # grouped heads, causal
+    (2, 8, 8, 200, 333, 64, False),  # odd lengths, no grouping
+    (1, 32, 8, 1, 4096, 128, False),  # grouped decode
+    (4, 4, 1, 128, 128, 64, True),  # one kv head
+    (1, 8, 2, 96, 640, 128, True),  # chunked prefill: causal, q_len < kv_len (flash only)
+]
+
+
+def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    finite = want.isfinite()
+    got, want = got.double()[finite], want.double()[finite]
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def inputs(batch, heads, kv_heads, q_len, kv_len, dim, dtype, seed=0):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*shape):
+        return torch.randn(shape, device="cuda", generator=generator).to(dtype)
+
+    return (
+        randn(batch, heads, q_len, dim),
+        randn(batch, kv_heads, kv_len, dim),
+        randn(batch, kv_heads, kv_len, dim),
+    )
+
+
+def skip_unless_served(op_cls, key, call) -> None:
+    reason = tileops_cuda.KERNELS[op_cls][key].refusal(call)
+    if reason is not None:
+        pytest.skip(f"{key} does not serve it: {reason}")
+
+
+def reference(q, k, v, causal, grad_out=None):
+    scale = 1 / math.sqrt(q.shape[-1])
+    q64, k64, v64 = (t.double() for t in (q, k, v))
+    if grad_out is None:
+        return attend(q64, k64, v64, scale=scale, causal=causal, window=None)
+    return attend_grads(grad_out.double(), q64, k64, v64, scale=scale, causal=causal, window=None)
+
+
+@pytest.mark.parametrize("key", VENDOR_KEYS)
+@pytest.mark.parametrize("shape", CALLS, ids=str)
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_each_vendor_forward_matches_the_float64_reference(key, shape, dtype):
+    *dims, causal = shape
+    q, k, v = inputs(*dims, dtype)
+    op = AttentionFwdOp(causal=causal)
+    skip_unless_served(AttentionFwdOp, key, op.call_for(q, k, v))
+    with pinned(AttentionFwdOp, "attention", key):
+        out, lse = op(q, k, v)
+    want, want_lse = reference(q, k, v, causal)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert rel_err(out, want) < TOLERANCE[dtype]
+    assert rel_err(lse, want_lse) < 1e-5
+
+
+@pytest.mark.parametrize("key", VENDOR_KEYS)
+@pytest.mark.parametrize("shape", CALLS[:2] + CALLS[3:], ids=str)
+def test_each_vendor_backward_matches_the_float64_reference(key, shape):
+    *dims, causal = shape
+    q, k, v = inputs(*dims, BF16)
+    grad_out = torch.randn_like(q)
+    op = AttentionBwdOp(causal=causal)
+    skip_unless_served(AttentionBwdOp, key, op.call_for(q, k, v))
+    with pinned(AttentionBwdOp, "attention_bwd", key):
+        grads = op(grad_out, q, k, v)
+    for got, want, like in zip(grads, reference(q, k, v, causal, grad_out), (q, k, v), strict=True):
+        assert got.shape == like.shape and got.dtype == like.dtype
+        assert rel_err(got, want) < 2 * TOLERANCE[BF16]
+
+
+ISSUE_SHAPES = [  # the issue's prefill and decode shapes at a sixteenth of their tokens
+    (1, 32, 8, 1024, 1024, 128, True),
+    (4, 32, 8, 256, 256, 128, False),
+    (1, 32, 8, 1, 8192, 128, False),
+    (16, 32, 8, 1, 4096, 128, False),
+]
+
+
+@pytest.mark.parametrize("shape", ISSUE_SHAPES, ids=str)
+def test_dispatched_attention_trains_as_sdpa(shape):
+    *dims, causal = shape
+    q, k, v = (t.requires_grad_() for t in inputs(*dims, BF16))
+    out, lse = AttentionFwdOp(causal=causal)(q, k, v)
+    out.float().square().sum().backward()
+    refs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    want = F.scaled_dot_product_attention(*refs, is_causal=causal, enable_gqa=True)
+    want.float().square().sum().backward()
+    assert rel_err(out, want) < TOLERANCE[BF16]
+    for got, ref in zip((q, k, v), refs, strict=True):
+        assert rel_err(got.grad, ref.grad) < 2 * TOLERANCE[BF16]
+
+
+# -- TileLang --------------------------------------------------------------------------------
+
+
+def forward_key() -> str:
+    """The TileLang forward of this GPU's architecture."""
+    return (
+        "tilelang_flash_fwd_sm90"
+        if torch.cuda.get_device_capability() >= (9, 0)
+        else "tilelang_flash_fwd"
+    )
+
+
+def reference_window(q, k, v, causal, window):
+    scale = 1 / math.sqrt(q.shape[-1])
+    return attend(*(t.double() for t in (q, k, v)), scale=scale, causal=causal, window=window)
+
+
+def check(out, lse, want, want_lse, dtype) -> None:
+    """out within the dtype's tolerance, lse to float32 rounding, -inf exactly where it is."""
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert torch.equal(lse.isinf(), want_lse.isinf())
+    assert rel_err(out, want) < TOLERANCE[dtype]
+    assert rel_err(lse, want_lse) < 1e-5
+
+
+TILELANG_FORWARD = [  # (batch, heads, kv_heads, q_len, kv_len, dim, causal, window)
+    (2, 8, 2, 256, 256, 128, True, None),
+    (1, 8, 8, 200, 333, 64, False, None),  # lengths off the tiles
+    (1, 4, 1, 300, 200, 64, True, None),  # the first 100 rows see no key
+    (2, 8, 2, 384, 1000, 128, True, None),  # chunked prefill: q_len < kv_len
+    (1, 8, 4, 512, 512, 128, True, 100),  # sliding window: key tiles skipped on both sides
+    (1, 4, 4, 129, 700, 64, True, 1),  # a window of one key
+]
+
+
+@pytest.mark.parametrize("shape", TILELANG_FORWARD, ids=str)
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_the_tilelang_forward_matches_the_float64_reference(shape, dtype):
+    *dims, causal, window = shape
+    q, k, v = inputs(*dims, dtype)
+    with pinned(AttentionFwdOp, "attention", forward_key()):
+        out, lse = AttentionFwdOp(causal, None, window)(q, k, v)
+    check(out, lse, *reference_window(q, k, v, causal, window), dtype)
+
+
+TILELANG_DECODE = [  # (batch, heads, kv_heads, q_len, kv_len, dim, causal, window)
+    (1, 32, 8, 1, 4096, 128, False, None),  # the issue's batch-1 decode, scaled down
+    (16, 32, 8, 1, 333, 64, False, None),
+    (3, 16, 2, 4, 1000, 64, True, 100),  # speculative tokens, a window
+    (2, 8, 8, 8, 8, 128, True, None),  # as many keys as queries
+    (1, 32, 1, 2, 5000, 128, True, None),  # one kv head: 64 rows
+]
+
+
+@pytest.mark.parametrize("shape", TILELANG_DECODE, ids=str)
+def test_the_tilelang_decode_matches_the_float64_reference(shape):
+    *dims, causal, window = shape
+    q, k, v = inputs(*dims, BF16)
+    with pinned(AttentionFwdOp, "attention", "tilelang_flash_decode"):
+        out, lse = AttentionFwdOp(causal, None, window)(q, k, v)
+    check(out, lse, *reference_window(q, k, v, causal, window), BF16)
+
+
+@pytest.mark.parametrize("q_len, window", [(1, None), (3, None), (2, 50)])
+def test_the_tilelang_decode_over_per_sequence_lengths(q_len, window):
+    """Lengths from empty to the whole cache, shorter than q_len too (rows without keys)."""
+    q, k_cache, v_cache = inputs(6, 16, 4, q_len, 3000, 128, BF16)
+    lens = torch.tensor([0, 1, 2, 777, 2048, 3000], dtype=torch.int32, device="cuda")
+    op = AttentionDecodeOp(True, None, window)
+    with pinned(AttentionDecodeOp, "attention_decode", "tilelang_flash_decode"):
+        out, lse = op(q, k_cache, v_cache, lens)
+    want = op.reference_forward(*(t.double() for t in (q, k_cache, v_cache)), lens)
+    check(out, lse, *want, BF16)

@@ -1,0 +1,256 @@
+"""Attention forward, matching `F.scaled_dot_product_attention` (and transformers' attention
+functions) on (batch, heads, seq, head_dim) tensors, with grouped-query attention, the causal
+mask aligned to the bottom right, a sliding window and the log-sum-exp; and its backward, an op
+of its own (`AttentionBwdOp`) so that its kernels are chosen by shape as the forward's are."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ... import library
+from ...backward import BackwardCall, BackwardInterface, RecomputeBackward
+from ...callspec import CallSpec
+from ...errors import BackendError
+from ...kernel import Build, Kernel, KernelInterface
+from ...op import Op
+from ...signature import BoundCall, Input, Output, Signature
+from .._common import ReferenceKernel, sample_case
+from ._base import PARAM_TYPES, AttentionParams, call_kernel, check_heads, no_keys
+from ._math import attend, attend_grads
+
+if TYPE_CHECKING:
+    from ...samples import Case
+
+Tensor = torch.Tensor
+Q = Input("q", ("batch", "heads", "q_len", "head_dim"))
+K = Input("k", ("batch", "kv_heads", "kv_len", "head_dim"), dtypes=("q",))
+V = Input("v", ("batch", "kv_heads", "kv_len", "v_dim"), dtypes=("q",))
+OUT = Output("out", shape=("batch", "heads", "q_len", "v_dim"), dtype_of="q")
+LSE = Output(
+    "lse",
+    shape=("batch", "heads", "q_len"),
+    dtype_of="q",
+    min_dtype=torch.float32,
+    differentiable=False,
+)
+
+
+class AttentionCall(CallSpec):
+    """One attention call: q (batch, heads, q_len, head_dim) over k and v (batch, kv_heads,
+    kv_len, head_dim or v_dim). `causal` is False where it changes nothing (one query row and
+    no window); `scale` is the factor resolved (1 / sqrt(head_dim) by default); `window` the
+    sliding window's keys, None for none. For one query row (decode), `kv_len` above 1 is
+    rounded up to a power of two: a cache growing by a token per step keeps hitting the
+    dispatch cache; kernels read the length off k."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    q_len: int
+    kv_len: int
+    head_dim: int
+    v_dim: int
+    causal: bool
+    scale: float
+    dtype: torch.dtype
+    window: int | None = None
+
+
+def decode_bucket(kv_len: int) -> int:
+    """`kv_len` as a decode call spec holds it: 1 as is, else the next power of two."""
+    return 1 << (kv_len - 1).bit_length() if kv_len > 1 else kv_len
+
+
+class AttentionInterface(KernelInterface):
+    """Interface "attention": `softmax(q @ k^T * scale, masked) @ v` and its log-sum-exp.
+
+    Layout contract: q (batch, heads, q_len, head_dim), k (batch, kv_heads, kv_len, head_dim)
+    and v (batch, kv_heads, kv_len, v_dim), contiguous, of the call's dtype; heads is a multiple
+    of kv_heads, query head `i` reading kv head `i // (heads // kv_heads)`. The mask is the
+    call's: causal aligned to the bottom right (query `i` sees keys `j <= kv_len - q_len + i`),
+    a sliding window of `window` keys ending there (see `tileops.ops.attention._math`). Return
+    (out, lse): out a contiguous (batch, heads, q_len, v_dim) tensor of the call's dtype, lse a
+    contiguous (batch, heads, q_len) float32 tensor (float64 for float64 calls) of the natural
+    log-sum-exp of each row's scaled, masked scores; a row that sees no key gets zeros and -inf.
+    Calls with batch * heads * q_len == 0 or kv_len == 0 never reach a kernel.
+    """
+
+    call_spec = AttentionCall
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        raise NotImplementedError
+
+
+class AttentionReference(ReferenceKernel, AttentionInterface):
+    """The explicit masked softmax (`_math.attend`): 16-bit inputs computed in float32, the
+    output rounded once, the log-sum-exp kept in float32."""
+
+    build_fields = ("scale", "causal", "window")
+
+    def __init__(self, scale: float, causal: bool, window: int | None) -> None:
+        self.scale, self.causal, self.window = scale, causal, window
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        return attend(q, k, v, scale=self.scale, causal=self.causal, window=self.window)
+
+
+class _Attention(AttentionParams):
+    """The forward and backward ops' shared path: checks and the call spec of q, k, v."""
+
+    def check(self, call: BoundCall) -> None:
+        q, k = call.tensors[-3], call.tensors[-2]
+        check_heads(type(self).__name__, q.shape[1], k.shape[1], q.shape[-1])
+
+    def call_for(self, q: Tensor, k: Tensor, v: Tensor) -> AttentionCall:
+        kv_len = k.shape[2]
+        kv_len = decode_bucket(kv_len) if q.shape[2] == 1 else kv_len
+        return AttentionCall(kv_len=kv_len, **self.call_fields(q, v))
+
+
+class AttentionBackward(Kernel, BackwardInterface):
+    """`AttentionFwdOp`'s backward: the gradients through out from `AttentionBwdOp`, whose
+    kernels are chosen by shape (the backward call holds none). Differentiable: under
+    create_graph `AttentionBwdOp`'s operator runs through its own autograd. No gradient flows
+    through lse."""
+
+    devices = frozenset({"cpu", "meta", "cuda"})
+    general = True
+    differentiable = True
+
+    @classmethod
+    def entry_for(cls, call: BackwardCall) -> tuple[Hashable, Build]:
+        identity = (call.params, call.needs)
+        return identity, lambda: cls(dict(call.params), call.needs)
+
+    def __init__(self, params: dict[str, Any], needs: tuple[bool, ...]) -> None:
+        self.op = AttentionBwdOp(**params)
+        self.needs = needs
+
+    def forward(self, grads: tuple, inputs: tuple) -> tuple:
+        # Through the operator: traced (AOTAutograd, symbolic shapes), it is one node; eager, it
+        # dispatches by shape; under create_graph, its own autograd differentiates it.
+        found = library.call_operator(self.op, (grads[0], *inputs))
+        return tuple(g if need else None for g, need in zip(found, self.needs, strict=True))
+
+
+class AttentionFwdOp(_Attention, Op):
+    """`F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)` with a causal
+    mask aligned to the bottom right (`is_causal` where q_len == kv_len) and an optional
+    sliding window, returning (out, lse). lse is not differentiable (as torch's own attention
+    kernels declare it): gradients flow through out.
+
+    q (batch, heads, q_len, head_dim), k (batch, kv_heads, kv_len, head_dim), v (batch,
+    kv_heads, kv_len, v_dim); out (batch, heads, q_len, v_dim); lse (batch, heads, q_len) in
+    float32 (float64 for float64 inputs).
+    """
+
+    namespace = "tileops"
+    interfaces = {"attention": AttentionInterface, "backward": BackwardInterface}
+    kernel_types = {"reference": AttentionReference, "reference_backward": AttentionBackward}
+    signature = Signature((Q, K, V), PARAM_TYPES, (OUT, LSE))
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if k.shape[2] == 0:
+            return no_keys(q, v.shape[-1], q.shape[:-1])
+        call = self.call_for(q, k, v)
+        out_shape = (*q.shape[:-1], v.shape[-1])
+        args = q.contiguous(), k.contiguous(), v.contiguous()
+        return call_kernel(self, "attention", call, out_shape, *args)
+
+    def reference_forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        scale = self.scale_for(q.shape[-1])
+        return attend(q, k, v, scale=scale, causal=self.causal, window=self.window)
+
+    @classmethod
+    def sample_cases(cls) -> Iterable[Case]:
+        yield sample_case({}, (2, 4, 16, 32), (2, 4, 16, 32), (2, 4, 16, 32))
+        shapes = (1, 8, 24, 64), (1, 2, 40, 64), (1, 2, 40, 64)
+        yield sample_case({"causal": True}, *shapes, note="GQA, q_len < kv_len")
+        shapes = (2, 4, 32, 16), (2, 1, 32, 16), (2, 1, 32, 16)
+        params = {"causal": True, "scale": 0.2, "window": 8}
+        yield sample_case(params, *shapes, note="MQA, sliding window")
+        shapes = (4, 8, 1, 64), (4, 2, 100, 64), (4, 2, 100, 64)
+        yield sample_case({"causal": True}, *shapes, note="decode")
+
+
+# -- backward --------------------------------------------------------------------------------
+
+
+class AttentionBwdInterface(KernelInterface):
+    """Interface "attention_bwd": the gradients of `AttentionFwdOp`'s out with respect to q, k
+    and v, given the gradient of out.
+
+    Layout contract: grad_out (batch, heads, q_len, v_dim), q, k and v as the "attention"
+    interface has them, all contiguous of the call's dtype. Return (grad_q, grad_k, grad_v),
+    contiguous, each of its input's shape and dtype (grad_k and grad_v summed over the query
+    heads of each group). Calls with batch * heads * q_len == 0 or kv_len == 0 never reach a
+    kernel.
+    """
+
+    call_spec = AttentionCall
+
+    def forward(self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple:
+        raise NotImplementedError
+
+
+class AttentionBwdReference(ReferenceKernel, AttentionBwdInterface):
+    """The explicit gradient formulas (`_math.attend_grads`), the probabilities recomputed in
+    float32 for 16-bit inputs, each gradient rounded once."""
+
+    build_fields = ("scale", "causal", "window")
+
+    def __init__(self, scale: float, causal: bool, window: int | None) -> None:
+        self.scale, self.causal, self.window = scale, causal, window
+
+    def forward(self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple:
+        options = {"scale": self.scale, "causal": self.causal, "window": self.window}
+        return attend_grads(grad_out, q, k, v, **options)
+
+
+class AttentionBwdOp(_Attention, Op):
+    """The gradients of `AttentionFwdOp(causal, scale, window)`'s out at q, k and v, given
+    grad_out: (grad_q, grad_k, grad_v). What the forward op's backward calls."""
+
+    namespace = "tileops"
+    interfaces = {"attention_bwd": AttentionBwdInterface, "backward": BackwardInterface}
+    kernel_types = {"reference": AttentionBwdReference, "reference_backward": RecomputeBackward}
+    signature = Signature(
+        (Input("grad_out", ("batch", "heads", "q_len", "v_dim")), Q, K, V),
+        PARAM_TYPES,
+        (Output("grad_q", like="q"), Output("grad_k", like="k"), Output("grad_v", like="v")),
+    )
+
+    def forward(self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple:
+        if k.shape[2] == 0:  # no key: out is zeros whatever q, k, v are
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        call = self.call_for(q, k, v)
+        args = [t.contiguous() for t in (grad_out, q, k, v)]
+        kernel = self.kernel_for("attention_bwd", call)
+        grads = kernel(*args)
+        for grad, like in zip(grads, (q, k, v), strict=True):
+            if not (grad.shape == like.shape and grad.dtype == like.dtype and grad.is_contiguous()):
+                raise _broken_grads(self, call, grads)
+        return tuple(grads)
+
+    def reference_forward(self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple:
+        scale = self.scale_for(q.shape[-1])
+        return attend_grads(grad_out, q, k, v, scale=scale, causal=self.causal, window=self.window)
+
+    @classmethod
+    def sample_cases(cls) -> Iterable[Case]:
+        shapes = (2, 4, 16, 32), (2, 4, 16, 32), (2, 2, 24, 32), (2, 2, 24, 32)
+        yield sample_case({"causal": True}, *shapes, note="GQA, q_len < kv_len")
+        shapes = (1, 2, 12, 16), (1, 2, 12, 16), (1, 1, 12, 16), (1, 1, 12, 16)
+        yield sample_case({"causal": True, "window": 4}, *shapes, note="sliding window")
+
+
+def _broken_grads(op: Op, call: AttentionCall, grads: Any) -> Exception:
+    shown = [f"{str(g.dtype).removeprefix('torch.')}{list(g.shape)}" for g in grads]
+    return BackendError(
+        f"Output of {op._table.serving('attention_bwd', call)} is wrong: it returned {shown}; "
+        "the interface's layout contract expects contiguous gradients shaped and typed like q, "
+        "k and v. Fix the kernel, or refuse such calls in its refusal()."
+    )

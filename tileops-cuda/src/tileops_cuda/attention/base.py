@@ -1,0 +1,156 @@
+"""What the TileLang attention kernels share: the calls no program of theirs takes, the build
+identity and compilation, and the launches (outputs allocated here, decode's partials too).
+Which kernel serves which call is declared in `kernels`."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any, ClassVar
+
+import torch
+
+from tileops import Kernel
+from tileops.backend import Build
+
+from .._common.arith import DTYPE_NAMES
+from .._common.compile import build_program
+from .._common.operands import aligned
+from .decode_program import combine_program, split_program
+from .fwd_program import fwd_program
+from .plans import DECODE_ROWS, HEAD_DIMS, decode_plan, decode_rows, fwd_plan
+
+Tensor = torch.Tensor
+HALF = (torch.float16, torch.bfloat16)
+# The sm_80 lowering (mma.sync fed by cp.async), for builds that plain sm_90 also runs.
+MMA_SYNC_ONLY = {"tl.disable_warp_specialized": True, "tl.disable_wgmma": True}
+
+
+def scale_refusal(call: Any) -> str | None:
+    """An online softmax tracks each row's largest raw score, which is its largest scaled score
+    only for a positive scale (FlashAttention's kernels as ours)."""
+    if call.scale <= 0:
+        return f"scale {call.scale} <= 0: the online softmax needs a positive scale"
+    return None
+
+
+def program_refusal(call: Any) -> str | None:
+    """What no TileLang attention program takes: other dtypes, other head dims, scales <= 0."""
+    if call.dtype not in HALF:
+        return f"{call.dtype} is not served (float16 and bfloat16 only); the reference serves it"
+    if call.head_dim != call.v_dim or call.head_dim not in HEAD_DIMS:
+        return (
+            f"head dims {call.head_dim} and {call.v_dim} are not served (one head dim of "
+            f"{' or '.join(map(str, HEAD_DIMS))})"
+        )
+    return scale_refusal(call)
+
+
+def decode_region(call: Any) -> str | None:
+    """The decode kernel packs a kv head's query rows into one tile of at most DECODE_ROWS."""
+    rows = decode_rows(call)
+    if rows > DECODE_ROWS:
+        return (
+            f"{rows} query rows per kv head (heads per kv head x q_len) exceed the decode tile "
+            f"of {DECODE_ROWS}"
+        )
+    return None
+
+
+class _TileLang(Kernel):
+    """Base: refusals, identity (arch, dtype, heads, dims, mask, scale, plan) and compiling."""
+
+    features: ClassVar[str] = ""  # "a": sm_90a (wgmma, TMA lowering)
+    pass_configs: ClassVar[dict[str, Any] | None] = MMA_SYNC_ONLY
+
+    @classmethod
+    def refusal(cls, call: Any) -> str | None:
+        return program_refusal(call) or cls.region_refusal(call)
+
+    @classmethod
+    def region_refusal(cls, call: Any) -> str | None:
+        return None
+
+    @classmethod
+    def plan(cls, call: Any) -> Hashable:
+        raise NotImplementedError
+
+    @classmethod
+    def programs(cls, call: Any, plan: Any) -> list[Any]:
+        """The prim_func factories of the entry, in launch order."""
+        raise NotImplementedError
+
+    @classmethod
+    def entry_for(cls, call: Any) -> tuple[Hashable, Build]:
+        plan = cls.plan(call)
+        q_len = call.q_len if cls.q_len_baked else None
+        shape = (DTYPE_NAMES[call.dtype], call.heads, call.kv_heads, q_len, call.head_dim)
+        identity = (call.arch, *shape, call.causal, call.window, call.scale, plan)
+
+        def build() -> _TileLang:
+            name = f"{cls.__name__}{identity}"
+            options = {"features": cls.features, "pass_configs": cls.pass_configs}
+            programs = cls.programs(call, plan)
+            compiled = [
+                build_program(f"{name}/{i}", p, call.arch, **options)
+                for i, p in enumerate(programs)
+            ]
+            return cls(plan, compiled)
+
+        return identity, build
+
+    q_len_baked: ClassVar[bool] = False  # whether q_len shapes the program
+
+    def __init__(self, plan: Any, compiled: list[Any]) -> None:
+        self.plan_, self.compiled = plan, compiled
+
+
+class FlashForward(_TileLang):
+    """The FlashAttention-2 forward (`fwd_program`): q_len, kv_len and batch symbolic."""
+
+    @classmethod
+    def plan(cls, call: Any) -> Hashable:
+        return fwd_plan(call, tma=cls.features == "a")
+
+    @classmethod
+    def programs(cls, call: Any, plan: Any) -> list[Any]:
+        return [lambda: fwd_program(call, plan)]
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        q, k, v = aligned(q), aligned(k), aligned(v)
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        self.compiled[0](q, k, v, out, lse)
+        return out, lse
+
+
+class SplitDecode(_TileLang):
+    """Split-KV decode (`decode_program`): the slices' partials, then their combination. q_len
+    is baked in (it shapes the row tile); batch and the cache length are symbolic."""
+
+    q_len_baked = True
+    per_sequence: ClassVar[bool] = False  # lengths per sequence (a tensor), else the cache's
+
+    @classmethod
+    def plan(cls, call: Any) -> Hashable:
+        return decode_plan(call, call.batch, call.kv_heads)
+
+    @classmethod
+    def programs(cls, call: Any, plan: Any) -> list[Any]:
+        per_sequence = cls.per_sequence
+        return [
+            lambda: split_program(call, plan, per_sequence),
+            lambda: combine_program(call, plan),
+        ]
+
+    def decode(self, q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None) -> tuple:
+        batch, heads, q_len, dim = q.shape
+        rows, splits = heads * q_len, self.plan_.splits
+        q_rows, k, v = aligned(q).view(batch, rows, dim), aligned(k), aligned(v)
+        o_part = torch.empty((batch, rows, splits, dim), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((batch, rows, splits), dtype=torch.float32, device=q.device)
+        tensors = (q_rows, k, v) if lens is None else (q_rows, k, v, lens)
+        self.compiled[0](*tensors, o_part, lse_part)
+        out = torch.empty((batch, rows, dim), dtype=q.dtype, device=q.device)
+        lse = torch.empty((batch, rows), dtype=torch.float32, device=q.device)
+        self.compiled[1](o_part, lse_part, out, lse)
+        return out.view(q.shape), lse.view(batch, heads, q_len)

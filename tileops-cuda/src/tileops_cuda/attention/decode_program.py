@@ -1,0 +1,136 @@
+"""Split-KV decode in TileLang: the few query rows of each kv head (the heads of its group
+times the query tokens, packed into one tile, so each key and value is read once per kv head)
+against one slice of the keys per block, so that a small batch still fills the GPU; a second
+kernel combines the slices' partial outputs by their log-sum-exps.
+
+Rows are those of q viewed as (batch, heads * q_len, dim): row r of kv head h is query head
+h * group + r // q_len, token r % q_len, standing at position length - q_len + r % q_len,
+where length is the sequence's number of keys (its `Lens` entry, or the whole cache). Masks as
+in the forward (`fwd_program.visible`). batch and the cache length are symbolic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tileops.ops import AttentionCall
+
+from .._common.arith import DTYPE_NAMES
+from .fwd_program import LOG2E, finish_rows, online_softmax, visible
+from .plans import DecodePlan
+
+NO_TMA = {"disable_tma": True}  # cp.async on every arch: TMA needs a tensor map per cache
+
+
+def split_program(call: AttentionCall, plan: DecodePlan, per_sequence: bool) -> Any:
+    """Partial (output, lse) of each (sequence, kv head, key slice): `OPart` (batch, heads *
+    q_len, splits, dim) and `LsePart` (batch, heads * q_len, splits), float32, natural log;
+    a slice with no key seen writes zeros and -inf."""
+    import tilelang.language as T
+
+    from .._common import tiles
+
+    dtype, dim, q_len = DTYPE_NAMES[call.dtype], call.head_dim, call.q_len
+    rows, bh, bn, splits = plan.rows, plan.block_h, plan.block_n, plan.splits
+    batch, capacity = T.dynamic("batch"), T.dynamic("capacity")
+    softmax = online_softmax(bh, bn, call.scale * LOG2E)
+    finish = finish_rows(bh, dim, call.scale)
+    neg_inf = -T.infinity("float32")
+
+    def main(Q=None, K=None, V=None, Lens=None, OPart=None, LsePart=None):
+        with T.Kernel(splits, call.kv_heads, batch, threads=plan.threads) as (s, kv_head, b):
+            q_tile = T.alloc_shared((bh, dim), dtype)
+            k_tile = T.alloc_shared((bn, dim), dtype)
+            v_tile = T.alloc_shared((bn, dim), dtype)
+            scores = T.alloc_fragment((bh, bn), "float32")
+            probs = T.alloc_shared((bh, bn), dtype)  # through shared: warps split the keys
+            acc = T.alloc_fragment((bh, dim), "float32")
+            stats = [T.alloc_fragment((bh,), "float32") for _ in range(6)]
+            row_max, prev_max, rescale, tile_sum, row_sum, lse = stats
+            length = Lens[b] if per_sequence else capacity
+            chunk = T.ceildiv(T.ceildiv(capacity, splits), bn) * bn
+            start = s * chunk
+            stop = T.min(start + chunk, length)
+            first = 0
+            if call.window is not None:  # keys before every row's window: skipped
+                first = T.max(length - q_len - call.window + 1 - start, 0) // bn
+            T.copy(Q[b, kv_head * rows : kv_head * rows + bh, :], q_tile, annotations=NO_TMA)
+            T.fill(acc, 0)
+            T.fill(row_sum, 0)
+            T.fill(row_max, neg_inf)
+            for t in T.Pipelined(
+                T.max(T.ceildiv(stop - start, bn) - first, 0), num_stages=plan.stages
+            ):
+                k_start = start + (first + t) * bn
+                T.copy(K[b, kv_head, k_start : k_start + bn, :], k_tile, annotations=NO_TMA)
+                for i, j in T.Parallel(bh, bn):
+                    seen = visible(call, length - q_len + i % q_len, k_start + j, stop)
+                    scores[i, j] = T.if_then_else(seen & (i < rows), 0.0, neg_inf)
+                T.gemm(q_tile, k_tile, scores, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
+                softmax(scores, row_max, prev_max, rescale, tile_sum, row_sum)
+                T.copy(scores, probs)
+                for i, j in T.Parallel(bh, dim):
+                    acc[i, j] *= rescale[i]
+                T.copy(V[b, kv_head, k_start : k_start + bn, :], v_tile, annotations=NO_TMA)
+                T.gemm(probs, v_tile, acc, policy=T.GemmWarpPolicy.FullCol)
+            finish(acc, row_max, row_sum, lse)
+            for i, j in T.Parallel(bh, dim):
+                if i < rows:
+                    OPart[b, kv_head * rows + i, s, j] = acc[i, j]
+            for i in T.Parallel(bh):
+                if i < rows:
+                    LsePart[b, kv_head * rows + i, s] = lse[i]
+
+    total = call.heads * q_len
+    shapes = {
+        "Q": (batch, total, dim),
+        "K": (batch, call.kv_heads, capacity, dim),
+        "V": (batch, call.kv_heads, capacity, dim),
+        **({"Lens": (batch,)} if per_sequence else {}),  # else every sequence fills the cache
+        "OPart": (batch, total, splits, dim),
+        "LsePart": (batch, total, splits),
+    }
+    dtypes = {"Lens": "int32", "OPart": "float32", "LsePart": "float32"}
+    return tiles.prim_func(main, dtype, dtypes, **shapes)
+
+
+def combine_program(call: AttentionCall, plan: DecodePlan) -> Any:
+    """Out (batch, heads * q_len, dim) and Lse (batch, heads * q_len) from the slices: lse =
+    log sum_s exp(lse_s), out = sum_s exp(lse_s - lse) out_s; no key in any slice: zeros and
+    -inf. One block per (row, sequence), a thread per dim."""
+    import tilelang.language as T
+
+    from .._common import tiles
+
+    dtype, dim, splits = DTYPE_NAMES[call.dtype], call.head_dim, plan.splits
+    total = call.heads * call.q_len
+    batch = T.dynamic("batch")
+    neg_inf = -T.infinity("float32")
+
+    def main(OPart, LsePart, Out, Lse):
+        with T.Kernel(total, batch, threads=dim) as (row, b):
+            col = T.get_thread_binding()
+            top = T.alloc_var("float32", init=neg_inf)
+            for s in T.serial(splits):
+                top = T.max(top, LsePart[b, row, s])
+            norm = T.alloc_var("float32", init=0.0)
+            for s in T.serial(splits):
+                gap = (LsePart[b, row, s] - top) * LOG2E
+                norm = norm + T.if_then_else(top == neg_inf, 0.0, T.exp2(gap))
+            lse = T.if_then_else(norm > 0, top + T.log2(norm) / LOG2E, neg_inf)
+            value = T.alloc_var("float32", init=0.0)
+            for s in T.serial(splits):
+                weight = T.if_then_else(norm > 0, T.exp2((LsePart[b, row, s] - lse) * LOG2E), 0.0)
+                value = value + weight * OPart[b, row, s, col]
+            Out[b, row, col] = value
+            if col == 0:
+                Lse[b, row] = lse
+
+    shapes = {
+        "OPart": (batch, total, splits, dim),
+        "LsePart": (batch, total, splits),
+        "Out": (batch, total, dim),
+        "Lse": (batch, total),
+    }
+    dtypes = {"OPart": "float32", "LsePart": "float32", "Lse": "float32"}
+    return tiles.prim_func(main, dtype, dtypes, **shapes)

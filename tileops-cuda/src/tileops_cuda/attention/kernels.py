@@ -1,0 +1,281 @@
+"""Attention kernels: torch's SDPA backends (vendor) and TileLang's, on the "attention"
+interface of AttentionFwdOp, the "attention_bwd" interface of AttentionBwdOp and the
+"attention_decode" interface of AttentionDecodeOp.
+
+| key                     | archs     | serves                                    | preferred over |
+|-------------------------|-----------|-------------------------------------------|----------------|
+| sdpa_cudnn              | sm_80..90 | 16-bit; head dims <= 128, multiples of 8; | sdpa_flash,    |
+|                         |           | kv_len > 1; causal where q_len == kv_len  | sdpa_efficient |
+| sdpa_flash              | sm_80..90 | 16-bit; head_dim = v_dim <= 256, multiple | sdpa_efficient |
+|                         |           | of 8; causal where q_len <= kv_len        |                |
+| sdpa_efficient          | sm_80..90 | 16-bit, float32; head dims multiples of 8 |                |
+|                         |           | (4); causal where q_len == kv_len; no     |                |
+|                         |           | grouped-query decode (q_len == 1)         |                |
+| tilelang_flash_fwd      | sm_80..89 | 16-bit; head_dim = v_dim in {64, 128};    |                |
+| tilelang_flash_fwd_sm90 | sm_90     | every mask; q_len > DECODE_Q_LEN          |                |
+| tilelang_flash_decode   | sm_80..90 | as the forward, q_len <= DECODE_Q_LEN     |                |
+
+No SDPA kernel takes a sliding window. Every SDPA kernel is also preferred over every TileLang
+key; the backward interface has the three SDPA kernels alone, in the same order.
+
+cuDNN over FlashAttention 2 over the memory-efficient kernel is the H200's measured order
+(TUNING.md#vendor-order). The TileLang kernels lose to every vendor kernel that serves a call:
+none has been measured faster yet (TUNING.md#tilelang-unmeasured), so they serve what no vendor
+does (sliding windows, causal calls with q_len != kv_len on cuDNN's side, decode over per-
+sequence lengths) and what a pin or an operator preference gives them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any, ClassVar
+
+import torch
+
+from tileops import Kernel
+from tileops.backend import Build
+from tileops.ops import (
+    AttentionBwdInterface,
+    AttentionCall,
+    AttentionDecodeInterface,
+    AttentionInterface,
+)
+
+from .._common.arith import AMPERE_AND_LATER
+from . import sdpa
+from .base import FlashForward, SplitDecode, decode_region, scale_refusal
+from .plans import DECODE_ROWS
+
+HALF = (torch.float16, torch.bfloat16)
+Tensor = torch.Tensor
+TILELANG_KEYS = frozenset(
+    {"tilelang_flash_fwd", "tilelang_flash_fwd_sm90", "tilelang_flash_decode"}
+)
+"""The TileLang keys of the family: every vendor kernel is preferred over them (unmeasured)."""
+CUDNN_MAX_DIM = 128
+"""cuDNN's SDPA serves head dims up to 128 in the torch builds we run (256 needs cuDNN 9.22
+on sm_90, torch's own check)."""
+FLASH_MAX_DIM = 256
+CUDNN_MAX_BATCH_HEADS = 65535
+
+
+def shared_refusal(call: AttentionCall, dtypes: tuple[torch.dtype, ...]) -> str | None:
+    """What no SDPA backend serves: dtypes beyond `dtypes`, sliding windows, scales <= 0."""
+    if call.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        return f"{call.dtype} is not served ({names} only); the reference serves it"
+    if call.window is not None:
+        return "torch's SDPA kernels take no sliding window"
+    return scale_refusal(call)
+
+
+def top_left_causal(call: AttentionCall) -> str | None:
+    """cuDNN's and the memory-efficient kernel's causal mask aligns to the top left."""
+    if call.causal and call.q_len != call.kv_len:
+        return (
+            f"its causal mask aligns to the top left, not to the bottom right as the interface's "
+            f"(they differ where q_len={call.q_len} != kv_len={call.kv_len})"
+        )
+    return None
+
+
+def dims_refusal(call: AttentionCall, multiple: int, limit: int | None) -> str | None:
+    dims = {call.head_dim, call.v_dim}
+    if any(d % multiple for d in dims) or (limit is not None and max(dims) > limit):
+        most = f", at most {limit}" if limit else ""
+        return (
+            f"head dims {call.head_dim} and {call.v_dim} are not served (multiples of "
+            f"{multiple}{most})"
+        )
+    return None
+
+
+class _Sdpa(Kernel):
+    """One SDPA backend (`backend`), its refusals shared by its forward and backward kernels."""
+
+    backend: ClassVar[str]
+    supported_archs = AMPERE_AND_LATER
+
+    @classmethod
+    def backend_refusal(cls, call: AttentionCall) -> str | None:
+        raise NotImplementedError
+
+    @classmethod
+    def refusal(cls, call: AttentionCall) -> str | None:
+        return cls.backend_refusal(call)
+
+    @classmethod
+    def entry_for(cls, call: AttentionCall) -> tuple[Hashable, Build]:
+        identity = (call.causal, call.scale)
+        return identity, lambda: cls(*identity)
+
+    def __init__(self, causal: bool, scale: float) -> None:
+        self.causal, self.scale = causal, scale
+
+
+class _Cudnn(_Sdpa):
+    """cuDNN's fused attention (torch's cuDNN SDPA backend)."""
+
+    backend = "cudnn"
+    deterministic = False  # torch refuses it under use_deterministic_algorithms
+
+    @classmethod
+    def backend_refusal(cls, call: AttentionCall) -> str | None:
+        if call.kv_len == 1:
+            return "cuDNN's SDPA does not take a key/value sequence of length 1"
+        if max(call.batch, call.heads) > CUDNN_MAX_BATCH_HEADS:
+            return f"cuDNN's SDPA takes batch and heads up to {CUDNN_MAX_BATCH_HEADS}"
+        return (
+            shared_refusal(call, HALF)
+            or dims_refusal(call, 8, CUDNN_MAX_DIM)
+            or top_left_causal(call)
+        )
+
+
+class _Flash(_Sdpa):
+    """FlashAttention 2 (torch's flash SDPA backend); grouped heads natively."""
+
+    backend = "flash"
+
+    @classmethod
+    def backend_refusal(cls, call: AttentionCall) -> str | None:
+        if call.head_dim != call.v_dim:
+            return (
+                f"FlashAttention takes one head dim for q, k and v, not {call.head_dim} and "
+                f"{call.v_dim}"
+            )
+        if call.causal and call.q_len > call.kv_len:
+            return (
+                f"q_len={call.q_len} > kv_len={call.kv_len}: the first rows see no key, for which "
+                "FlashAttention's log-sum-exp is +inf where the interface's is -inf"
+            )
+        return shared_refusal(call, HALF) or dims_refusal(call, 8, FLASH_MAX_DIM)
+
+
+class _Efficient(_Sdpa):
+    """The memory-efficient kernel (torch's efficient SDPA backend, from xFormers): one kv head
+    per query head, so grouped kv heads are repeated first."""
+
+    backend = "efficient"
+
+    @classmethod
+    def backend_refusal(cls, call: AttentionCall) -> str | None:
+        if call.heads != call.kv_heads and call.q_len == 1:
+            return (
+                "grouped-query decode: it takes one kv head per query head, and repeating the "
+                "kv heads would copy the whole cache for one query row"
+            )
+        multiple = 4 if call.dtype == torch.float32 else 8
+        return (
+            shared_refusal(call, (*HALF, torch.float32))
+            or dims_refusal(call, multiple, None)
+            or top_left_causal(call)
+        )
+
+
+class _SdpaForward(AttentionInterface):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
+        return sdpa.forward(self.backend, q, k, v, self.causal, self.scale)
+
+
+class _SdpaBackward(AttentionBwdInterface):
+    def forward(self, grad_out, q, k, v) -> tuple:
+        return sdpa.backward(self.backend, grad_out, q, k, v, self.causal, self.scale)
+
+
+class SdpaCudnn(_Cudnn, _SdpaForward):
+    preferred_over = frozenset({"sdpa_flash", "sdpa_efficient", *TILELANG_KEYS})
+
+
+class SdpaFlash(_Flash, _SdpaForward):
+    preferred_over = frozenset({"sdpa_efficient", *TILELANG_KEYS})
+
+
+class SdpaEfficient(_Efficient, _SdpaForward):
+    preferred_over = TILELANG_KEYS
+
+
+class SdpaCudnnBackward(_Cudnn, _SdpaBackward):
+    """cuDNN's backward, after its forward recomputed for the state it takes."""
+
+    preferred_over = frozenset({"sdpa_flash", "sdpa_efficient"})
+
+
+class SdpaFlashBackward(_Flash, _SdpaBackward):
+    """FlashAttention 2's backward, after its forward recomputed for the state it takes."""
+
+    preferred_over = frozenset({"sdpa_efficient"})
+
+    @classmethod
+    def backend_refusal(cls, call: AttentionCall) -> str | None:
+        if call.arch in (86, 89) and 192 < call.head_dim <= 224:
+            return "FlashAttention's backward has no kernel for head dims in (192, 224] on sm_86/89"
+        return super().backend_refusal(call)
+
+
+class SdpaEfficientBackward(_Efficient, _SdpaBackward):
+    """The memory-efficient kernel's backward on repeated kv heads, summed back per group."""
+
+
+# -- TileLang --------------------------------------------------------------------------------
+
+
+def forward_region(call: AttentionCall) -> str | None:
+    if decode_region(call) is None:
+        return (
+            f"the query rows per kv head fit the decode tile ({DECODE_ROWS}): "
+            "tilelang_flash_decode serves it"
+        )
+    return None
+
+
+class TileLangFlashFwd(FlashForward, AttentionInterface):
+    """FlashAttention 2 on sm_80..89: mma.sync fed by cp.async, 128 query rows per block."""
+
+    supported_archs = frozenset({80, 86, 89})
+
+    @classmethod
+    def region_refusal(cls, call: AttentionCall) -> str | None:
+        return forward_region(call)
+
+
+class TileLangFlashFwdSm90(FlashForward, AttentionInterface):
+    """The same program on sm_90a, where TileLang lowers the tile copies to TMA and the
+    products to wgmma."""
+
+    supported_archs = frozenset({90})
+    features = "a"
+    pass_configs = None
+
+    @classmethod
+    def region_refusal(cls, call: AttentionCall) -> str | None:
+        return forward_region(call)
+
+
+class TileLangFlashDecode(SplitDecode, AttentionInterface):
+    """Split-KV decode over k and v of one length (transformers' caches)."""
+
+    supported_archs = AMPERE_AND_LATER
+
+    @classmethod
+    def region_refusal(cls, call: AttentionCall) -> str | None:
+        return decode_region(call)
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        return self.decode(q, k, v, None)
+
+
+class TileLangCacheDecode(SplitDecode, AttentionDecodeInterface):
+    """Split-KV decode over a contiguous cache, each sequence its own length."""
+
+    supported_archs = AMPERE_AND_LATER
+    per_sequence = True
+
+    @classmethod
+    def region_refusal(cls, call: Any) -> str | None:
+        return decode_region(call)
+
+    def forward(
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        return self.decode(q, k_cache, v_cache, cache_seqlens)

@@ -1,0 +1,112 @@
+"""Torch's SDPA backends (cuDNN, FlashAttention 2, memory-efficient) as kernels of the attention
+interfaces: each calls its backend's own entry point, the operator `F.scaled_dot_product_
+attention` dispatches to once it has chosen that backend, so the backend is forced (as under
+`torch.nn.attention.sdpa_kernel`) and its log-sum-exp comes back with the output.
+
+The backward recomputes the forward with the same backend (for the log-sum-exp and the saved
+state its backward takes) and runs that backend's backward; no autograd is involved, so it also
+runs inside the backward operator, where autograd does not record.
+
+Causal masks: FlashAttention's entry point aligns its causal mask to the bottom right, as the
+attention interfaces do (torch's `causal_lower_right` bias calls it so); cuDNN's and the
+memory-efficient kernel's align to the top left, the same only where q_len == kv_len. Which
+calls each backend serves is declared in `kernels`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+Tensor = torch.Tensor
+aten = torch.ops.aten
+
+
+def _lse(lse: Tensor, q_len: int) -> Tensor:
+    """The backend's log-sum-exp as (batch, heads, q_len): cuDNN's carries a trailing dim of 1
+    in some torch versions, the memory-efficient kernel's is padded to a multiple of 32 rows."""
+    if lse.dim() == 4:
+        lse = lse[..., 0]
+    return lse[..., :q_len].contiguous()
+
+
+def repeat_heads(t: Tensor, heads: int) -> Tensor:
+    """k or v with each kv head repeated for the query heads it serves (the kernels that take
+    one kv head per query head)."""
+    group = heads // t.shape[1]
+    return t if group == 1 else t.repeat_interleave(group, 1)
+
+
+def sum_groups(grad: Tensor, kv_heads: int) -> Tensor:
+    """The gradient of repeated kv heads summed back onto each kv head."""
+    batch, heads, length, dim = grad.shape
+    if heads == kv_heads:
+        return grad
+    return grad.view(batch, kv_heads, heads // kv_heads, length, dim).sum(2)
+
+
+def flash_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple:
+    """FlashAttention 2's forward: its whole result (out, lse, and what its backward takes)."""
+    return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
+
+
+def flash_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float):
+    out, lse, cum_q, cum_k, max_q, max_k, rng, unused, _ = flash_forward(q, k, v, causal, scale)
+    return aten._scaled_dot_product_flash_attention_backward(
+        grad_out, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, causal, rng, unused,
+        scale=scale,
+    )  # fmt: skip
+
+
+def cudnn_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple:
+    return aten._scaled_dot_product_cudnn_attention(
+        q, k, v, None, True, 0.0, causal, False, scale=scale
+    )
+
+
+def cudnn_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float):
+    out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = cudnn_forward(q, k, v, causal, scale)
+    return aten._scaled_dot_product_cudnn_attention_backward(
+        grad_out, q, k, v, out, lse, seed, offset, None, cum_q, cum_k, max_q, max_k, 0.0,
+        causal, scale=scale,
+    )  # fmt: skip
+
+
+def efficient_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple:
+    """The memory-efficient kernel's forward, kv heads repeated (it takes one per query head)."""
+    k, v = repeat_heads(k, q.shape[1]), repeat_heads(v, q.shape[1])
+    return aten._scaled_dot_product_efficient_attention(
+        q, k, v, None, True, 0.0, causal, scale=scale
+    )
+
+
+def efficient_backward(
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    kv_heads = k.shape[1]
+    k, v = repeat_heads(k, q.shape[1]), repeat_heads(v, q.shape[1])
+    out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(
+        q, k, v, None, True, 0.0, causal, scale=scale
+    )
+    grad_q, grad_k, grad_v, _ = aten._scaled_dot_product_efficient_attention_backward(
+        grad_out, q, k, v, None, out, lse, seed, offset, 0.0, [True, True, True, False], causal,
+        scale=scale,
+    )  # fmt: skip
+    return grad_q, sum_groups(grad_k, kv_heads), sum_groups(grad_v, kv_heads)
+
+
+FORWARDS = {"cudnn": cudnn_forward, "flash": flash_forward, "efficient": efficient_forward}
+BACKWARDS = {"cudnn": cudnn_backward, "flash": flash_backward, "efficient": efficient_backward}
+
+
+def forward(backend: str, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple:
+    """(out, lse) of `backend`, lse as (batch, heads, q_len) float32."""
+    result = FORWARDS[backend](q, k, v, causal, scale)
+    return result[0].contiguous(), _lse(result[1], q.shape[2])  # out: a transposed view
+
+
+def backward(
+    backend: str, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(grad_q, grad_k, grad_v) of `backend`, contiguous."""
+    grads = BACKWARDS[backend](grad_out, q, k, v, causal, scale)
+    return tuple(g.contiguous() for g in grads[:3])
