@@ -144,3 +144,12 @@ def test_running_stats_written_under_autograd_invalidate_graphs_that_saved_them(
     tileops.BatchNormFwdOp(C)(x, None, None, mean, var)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         saved.backward()
+
+
+def test_inputs_the_op_only_reads_keep_their_version():
+    """BatchNorm's inference op reads its running stats: a graph that saved them stays valid."""
+    x = randn(4, C, 5).requires_grad_()
+    mean, var = torch.zeros(C), torch.ones(C)
+    versions = mean._version, var._version
+    tileops.BatchNormFwdOp(C, training=False)(x, None, None, mean, var).sum().backward()
+    assert (mean._version, var._version) == versions
