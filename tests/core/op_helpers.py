@@ -82,3 +82,41 @@ def install_spy(op_cls: type[Op], interface: str, log: list) -> None:
             return self.inner(*args)
 
     register_kernel_type(op_cls, "spy", Spy)
+
+
+def assert_trains_as_eager(
+    eager: torch.nn.Module,
+    x: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    swapped: int,
+    autocast: torch.dtype | None = None,
+    lr: float = 0.1,
+    tolerance: float = 1e-5,
+) -> None:
+    """Kernelize a copy of `eager` (`swapped` modules), train both with SGD for three steps on
+    (x, labels), under CPU autocast to `autocast` when given: the losses and the final states
+    agree within `tolerance` (the states within 2.5x that)."""
+    import copy
+
+    import torch.nn.functional as F
+
+    import tileops.nn as tnn
+
+    ours = copy.deepcopy(eager)
+    assert len(tnn.kernelize(ours).swapped) == swapped
+    optims = [torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9) for m in (eager, ours)]
+    for _ in range(3):
+        losses = []
+        for model, optim in zip((eager, ours), optims, strict=True):
+            optim.zero_grad()
+            with torch.autocast("cpu", dtype=autocast or torch.bfloat16, enabled=bool(autocast)):
+                logits = model(x)
+            assert logits.dtype == (autocast or x.dtype)
+            loss = F.cross_entropy(logits.float(), labels)
+            loss.backward()
+            optim.step()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[1], losses[0], rtol=tolerance, atol=tolerance)
+    state = {"rtol": 2.5 * tolerance, "atol": 2.5 * tolerance}
+    torch.testing.assert_close(ours.state_dict(), eager.state_dict(), **state)

@@ -8,8 +8,7 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
-from op_helpers import randn
+from op_helpers import assert_trains_as_eager, randn
 from torch import nn
 
 import tileops
@@ -86,24 +85,10 @@ def test_a_small_convnet_trains_under_autocast_as_torchs():
     """The failure users met: under autocast tnn.Linear returned float32 and the next GEMM
     refused its bfloat16 weight cast; BatchNorm took bfloat16 x beside float32 stats."""
     torch.manual_seed(0)
-    eager = _small_resnet()
-    ours = copy.deepcopy(eager)
-    assert len(tnn.kernelize(ours).swapped) == 5
-    optims = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (eager, ours)]
     x, labels = randn(8, 3, 8, 8, seed=3), torch.arange(8) % 5
-    for _ in range(3):
-        losses = []
-        for model, optim in zip((eager, ours), optims, strict=True):
-            optim.zero_grad()
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                logits = model(x)
-            assert logits.dtype == torch.bfloat16
-            loss = F.cross_entropy(logits.float(), labels)
-            loss.backward()
-            optim.step()
-            losses.append(loss.detach())
-        torch.testing.assert_close(losses[1], losses[0], rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(ours.state_dict(), eager.state_dict(), rtol=5e-2, atol=5e-2)
+    assert_trains_as_eager(
+        _small_resnet(), x, labels, swapped=5, autocast=torch.bfloat16, lr=0.05, tolerance=2e-2
+    )
 
 
 # -- CUDA's policy, shown on the CPU ------------------------------------------------------------

@@ -145,17 +145,17 @@ def _eager_impl(op_cls: type[Op]) -> Any:
     """The operator's kernel, run as torch runs a `torch.library.custom_op`'s: below the
     ADInplaceOrView key, so a kernel's output that views a buffer of its own is no view to
     autograd (a caller may modify it in place), and with the version of each tensor the op
-    writes bumped once (what autograd checks saved tensors against)."""
-    written = [index for index, spec in enumerate(op_cls.signature.inputs) if spec.written]
+    writes bumped once (what autograd checks saved tensors against). Which it writes is the
+    instance's signature's say (BatchNorm's inference op writes nothing)."""
 
     def impl(*args: Any) -> Any:
         tensors, params, target = _split(op_cls, args)
         op = instance(op_cls, params, target)
         with torch._C._AutoDispatchBelowADInplaceOrView():
             out = op.call_eager(tensors)
-        for index in written:
-            if tensors[index] is not None:
-                torch.autograd.graph.increment_version(tensors[index])
+        for spec, t in zip(op.signature.inputs, tensors, strict=True):
+            if spec.written and t is not None:
+                torch.autograd.graph.increment_version(t)
         return out
 
     return impl

@@ -152,9 +152,9 @@ def _refusing_channels_last(own: Callable[..., str | None]) -> classmethod:
 def _memory_format(x: Tensor) -> torch.memory_format:
     """channels_last (4-d) or channels_last_3d (5-d) when x lies so and is not also plain
     contiguous, as F.batch_norm keeps it; else the contiguous format."""
-    format = _CHANNELS_LAST.get(x.dim())
-    if format is not None and not x.is_contiguous() and x.is_contiguous(memory_format=format):
-        return format
+    layout = _CHANNELS_LAST.get(x.dim())
+    if layout is not None and not x.is_contiguous() and x.is_contiguous(memory_format=layout):
+        return layout
     return torch.contiguous_format
 
 
