@@ -591,3 +591,14 @@ def test_an_op_with_untyped_params_runs_eagerly_under_autograd_and_autocast():
     torch.testing.assert_close(x.grad, torch.full((3,), 2.0))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert UntypedOp()(randn(3)).dtype == torch.float32
+
+
+def test_the_operators_trace_time_definition_carries_torchs_constant_result_mark():
+    """library marks `_defined` as `torch.compiler.assume_constant_result` would, without
+    importing torch._dynamo at `import tileops`: the mark must stay the one torch sets."""
+    from tileops import library
+
+    def probe() -> None: ...
+
+    marked = torch.compiler.assume_constant_result(probe)
+    assert vars(marked) and all(getattr(library._defined, k) == v for k, v in vars(marked).items())

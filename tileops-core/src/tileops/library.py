@@ -39,12 +39,17 @@ def operator(op_cls: type[Op]) -> Any:
     return _OPERATORS.get(op_cls) or _defined_operator(op_cls)
 
 
-@torch.compiler.assume_constant_result
 def _defined(op_cls: type[Op]) -> bool:
     """Define `op_cls`'s operator now. Dynamo runs this at trace time rather than tracing it
     (`assume_constant_result`), so an op first called, or built, inside a compiled function
     finds its operator defined, and Dynamo never meets the lock."""
     return _defined_operator(op_cls) is not None
+
+
+# `torch.compiler.assume_constant_result(_defined)`, without what that call imports: it loads
+# torch._dynamo (seconds, and triton) to set this one attribute, and `import tileops` must
+# stay cheap. test_torch_integration checks the mark is the one torch's decorator sets.
+_defined._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def _defined_operator(op_cls: type[Op]) -> Any:
