@@ -101,3 +101,22 @@ def _device_kernels(fn: Callable[[], Any], calls: int, before: Callable[[], Any]
             fn()
         torch.cuda.synchronize()
     return [e for e in trace.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def per_call_ns(fns: dict, device: str, number: int, repeats: int) -> dict[str, float]:
+    """Median ns per call of each of `fns`, timed in turns (one loop of each per repeat), so
+    drift in the machine's speed hits every variant alike."""
+    synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    for fn in fns.values():
+        for _ in range(number // 10):
+            fn()
+    synchronize()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            synchronize()
+            times[name].append((time.perf_counter() - start) / number * 1e9)
+    return {name: statistics.median(t) for name, t in times.items()}

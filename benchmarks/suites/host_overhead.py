@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
@@ -26,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for
 import torch
 import torch.nn.functional as F
 from _harness.provenance import git_commit
+from _harness.timing import per_call_ns
 
 import tileops
 from tileops import library
@@ -83,25 +82,6 @@ def serving_kernel(op: tileops.Op, inputs: tuple) -> object:
         del op.call_kernel
     kernel = op.kernel_for(seen["interface"], seen["call"])
     return lambda: kernel(*seen["args"])
-
-
-def per_call_ns(fns: dict, device: str, number: int, repeats: int) -> dict[str, float]:
-    """Median ns per call of each of `fns`, timed in turns (one loop of each per repeat), so
-    drift in the machine's speed hits every variant alike."""
-    synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    for fn in fns.values():
-        for _ in range(number // 10):
-            fn()
-    synchronize()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(number):
-                fn()
-            synchronize()
-            times[name].append((time.perf_counter() - start) / number * 1e9)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def measure(device: str, dtype: torch.dtype, number: int, repeats: int) -> list[tuple]:

@@ -18,9 +18,7 @@ import argparse
 import cProfile
 import io
 import pstats
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,28 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for
 import torch
 import torch.nn.functional as F
 from _harness.provenance import result_path, results_dir, run_stamp
+from _harness.timing import per_call_ns
 
 import tileops
 import tileops.nn
 
 BACKENDS = ("tvm_ffi", "cython")
-
-
-def per_call_ns(fns: dict[str, Callable[[], Any]], number: int, repeats: int) -> dict[str, float]:
-    """Median ns per call of each of `fns`, one loop of each per repeat, in turns."""
-    for fn in fns.values():
-        for _ in range(number // 10):
-            fn()
-    torch.cuda.synchronize()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            for _ in range(number):
-                fn()
-            torch.cuda.synchronize()
-            times[name].append((time.perf_counter() - start) / number * 1e9)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def serving_entry(op: tileops.Op, inputs: tuple) -> tuple[Any, tuple]:
@@ -153,9 +135,9 @@ def measure(name: str, case: tuple, number: int, repeats: int) -> list[str]:
         "tileops.nn module": module_call,
     }
     with torch.no_grad():
-        found = per_call_ns(fns, number, repeats)
+        found = per_call_ns(fns, "cuda", number, repeats)
     with torch.inference_mode():
-        found.update(per_call_ns({"op, inference_mode": op_call}, number, 3))
+        found.update(per_call_ns({"op, inference_mode": op_call}, "cuda", number, 3))
     base = found["torch function"]
     lines = [f"## {name}: ns per call (ratio to the torch function)"]
     lines += [f"  {k:<44} {v:>9,.0f}  {v / base:5.2f}" for k, v in found.items()]
