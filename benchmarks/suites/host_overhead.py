@@ -84,6 +84,12 @@ def serving_kernel(op: tileops.Op, inputs: tuple) -> object:
     return lambda: kernel(*seen["args"])
 
 
+def _padded(op: tileops.Op, inputs: tuple) -> tuple:
+    """`inputs` with None for the optional ones left out (GemmOp's bias): the operator takes
+    every input of the signature, then the params."""
+    return (*inputs, *[None] * (len(op.signature.inputs) - len(inputs)))
+
+
 def measure(device: str, dtype: torch.dtype, number: int, repeats: int) -> list[tuple]:
     rows = []
     for name, (op, inputs, torch_fn) in cases(device, dtype).items():
@@ -94,7 +100,7 @@ def measure(device: str, dtype: torch.dtype, number: int, repeats: int) -> list[
             "torch": torch_fn,
             "kernel": serving_kernel(op, inputs),
             "op": lambda op=op, i=inputs: op(*i),
-            "operator": lambda t=traced, i=inputs, p=params: t(*i, *p),
+            "operator": lambda t=traced, i=_padded(op, inputs), p=params: t(*i, *p),
             "custom_op": lambda c=custom, i=inputs: c(*i),
         }
         rows.append((name, per_call_ns(fns, device, number, repeats)))
