@@ -95,12 +95,12 @@ def measure(device: str, dtype: torch.dtype, number: int, repeats: int) -> list[
     for name, (op, inputs, torch_fn) in cases(device, dtype).items():
         custom = wrapper(name, op, inputs)
         traced = library.operator(type(op))
-        params = tuple(op.params().values())
+        params, padded = tuple(op.params().values()), _padded(op, inputs)
         fns = {
             "torch": torch_fn,
             "kernel": serving_kernel(op, inputs),
             "op": lambda op=op, i=inputs: op(*i),
-            "operator": lambda t=traced, i=_padded(op, inputs), p=params: t(*i, *p),
+            "operator": lambda t=traced, i=padded, p=params: t(*i, *p),
             "custom_op": lambda c=custom, i=inputs: c(*i),
         }
         rows.append((name, per_call_ns(fns, device, number, repeats)))
