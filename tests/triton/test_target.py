@@ -160,3 +160,15 @@ def test_batch_norm_on_the_target_without_values_leaves_the_running_stats() -> N
     out = BatchNormFwdOp(3, target=target.NAME)(torch.randn(0, 3, 4), None, None, mean, var)
     assert out.shape == (0, 3, 4)
     assert torch.equal(mean, torch.zeros(3)) and torch.equal(var, torch.ones(3))
+
+
+def test_an_attention_op_settled_on_the_target_runs_its_torch_definition():
+    """Triton has no attention kernel: the target builds the op's own reference, so the ROCm
+    devices its detector claims are served for attention too, with the op's own results."""
+    from tileops.ops import AttentionFwdOp
+
+    q, k, v = torch.randn(1, 4, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16)
+    out, lse = AttentionFwdOp(causal=True, target="triton")(q, k, v)
+    want_out, want_lse = AttentionFwdOp(causal=True)(q, k, v)
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(lse, want_lse)

@@ -15,7 +15,17 @@ from tileops.backend import (
     register_kernel_builder,
     register_kernel_type,
 )
-from tileops.ops import BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp
+from tileops.ops import (
+    AttentionBwdOp,
+    AttentionDecodeOp,
+    AttentionFwdOp,
+    AttentionVarlenFwdOp,
+    BatchNormFwdOp,
+    GemmOp,
+    LayerNormFwdOp,
+    RMSNormFwdOp,
+    SoftmaxFwdOp,
+)
 
 from . import target
 from .declare import DEVICES
@@ -52,3 +62,7 @@ register_kernel_builder(op=RMSNormFwdOp, target=target.NAME, build_kernel=target
 register_kernel_builder(op=SoftmaxFwdOp, target=target.NAME, build_kernel=target.build_softmax)
 register_kernel_builder(op=GemmOp, target=target.NAME, build_kernel=target.build_gemm)
 register_kernel_builder(op=BatchNormFwdOp, target=target.NAME, build_kernel=target.build_batch_norm)
+for attention_op in (AttentionFwdOp, AttentionBwdOp, AttentionDecodeOp, AttentionVarlenFwdOp):
+    register_kernel_builder(
+        op=attention_op, target=target.NAME, build_kernel=target.reference_builder(attention_op)
+    )

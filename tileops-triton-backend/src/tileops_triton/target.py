@@ -1,7 +1,8 @@
 """Target "triton": Triton kernels for every call of LayerNorm, RMSNorm, softmax and GEMM ops
-settled on it (`Op(..., target="triton")` or `set_default_target("triton")`), and BatchNorm,
-which Triton has no kernel for, through the op's torch reference kernels: the detector claims
-ROCm devices for every op, and a call settled on a target without a builder for its op raises.
+settled on it (`Op(..., target="triton")` or `set_default_target("triton")`), and BatchNorm and
+the attention ops, which Triton has no kernel for, through the op's torch reference: the
+detector claims ROCm devices for every op, and a call settled on a target without a builder for
+its op raises.
 
 A target sees the op's signature: inputs of any leading shape (contiguous, on the call device),
 params by keyword, and output buffers to write. Each builder makes the call spec the op's own
@@ -179,3 +180,20 @@ def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
 
 def _vector(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
     return None if t is None else t.view(n)
+
+
+def reference_builder(op_cls: type) -> Callable[..., Callable[..., object]]:
+    """A builder running `op_cls`'s own torch definition (`reference_forward`) on the call's
+    inputs: for the ops Triton has no kernel for (attention), so every op this target's
+    detector claims is served. The op's outputs are returned, as the target contract allows."""
+
+    def build(*specs: TensorSpec | None, **params: object) -> Callable[..., object]:
+        op = op_cls(**params)
+
+        def run(*inputs: torch.Tensor | None, **outputs: torch.Tensor) -> object:
+            result = op.reference_forward(*inputs)
+            return tuple(result) if isinstance(result, (tuple, list)) else result
+
+        return run
+
+    return build
