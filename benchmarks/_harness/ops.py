@@ -67,3 +67,20 @@ def training_case(shape: tuple[int, ...]) -> tuple[torch.Tensor, list, Any, floa
     x = torch.randn(shape, device="cuda", dtype=torch.bfloat16) * 2 + 0.5
     three_passes_us = kernel_us(copy_moving(3 * x.numel() * x.element_size()))
     return x, bn_params(x), bn_call_for(x), three_passes_us
+
+
+def serving_entry(op: Any, inputs: tuple) -> tuple[Any, tuple]:
+    """The kernel object serving `op(*inputs)` and the canonical arguments it is called with."""
+    seen: dict[str, Any] = {}
+    call_kernel = op.call_kernel
+
+    def spy(interface, call, shape, dtype, *args):
+        seen.update(interface=interface, call=call, args=args)
+        return call_kernel(interface, call, shape, dtype, *args)
+
+    op.call_kernel = spy
+    try:
+        op(*inputs)
+    finally:
+        del op.call_kernel
+    return op.kernel_for(seen["interface"], seen["call"]), seen["args"]

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for
 
 import torch
 import torch.nn.functional as F
+from _harness.ops import serving_entry
 from _harness.provenance import git_commit
 from _harness.timing import per_call_ns
 
@@ -68,20 +69,8 @@ def wrapper(name: str, op: tileops.Op, inputs: tuple) -> object:
 
 def serving_kernel(op: tileops.Op, inputs: tuple) -> object:
     """The kernel entry that serves `op(*inputs)`, bound to the canonical arguments it gets."""
-    seen = {}
-    call_kernel = op.call_kernel
-
-    def spy(interface, call, shape, dtype, *args):
-        seen.update(interface=interface, call=call, args=args)
-        return call_kernel(interface, call, shape, dtype, *args)
-
-    op.call_kernel = spy
-    try:
-        op(*inputs)
-    finally:
-        del op.call_kernel
-    kernel = op.kernel_for(seen["interface"], seen["call"])
-    return lambda: kernel(*seen["args"])
+    kernel, args = serving_entry(op, inputs)
+    return lambda: kernel(*args)
 
 
 def _padded(op: tileops.Op, inputs: tuple) -> tuple:

@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for
 
 import torch
 import torch.nn.functional as F
+from _harness.ops import serving_entry
 from _harness.provenance import result_path, results_dir, run_stamp
 from _harness.timing import per_call_ns
 
@@ -34,23 +35,6 @@ import tileops
 import tileops.nn
 
 BACKENDS = ("tvm_ffi", "cython")
-
-
-def serving_entry(op: tileops.Op, inputs: tuple) -> tuple[Any, tuple]:
-    """The kernel object serving `op(*inputs)` and the canonical arguments it is called with."""
-    seen: dict[str, Any] = {}
-    call_kernel = op.call_kernel
-
-    def spy(interface, call, shape, dtype, *args):
-        seen.update(interface=interface, call=call, args=args)
-        return call_kernel(interface, call, shape, dtype, *args)
-
-    op.call_kernel = spy
-    try:
-        op(*inputs)
-    finally:
-        del op.call_kernel
-    return op.kernel_for(seen["interface"], seen["call"]), seen["args"]
 
 
 def direct_launches(kernel: Any, args: tuple) -> dict[str, Callable[[], Any]]:
