@@ -17,6 +17,7 @@ from torch import nn
 
 import tileops
 import tileops.nn as tnn
+from tileops import RMSNormFwdOp
 from tileops.nn._transformers import BUILTIN
 
 transformers = pytest.importorskip("transformers")
@@ -111,7 +112,11 @@ def test_each_builtin_declaration_computes_what_its_class_computes(module, name,
             param.copy_(torch.randn_like(param) * 0.5 + 1)
     ours = copy.deepcopy(theirs)
     report = tnn.kernelize(ours)
-    assert [s.source for s in report.swapped] == [cls] and report.skipped == []
+    if report.skipped:  # this transformers computes otherwise: the probe must have said so
+        [skipped] = report.skipped
+        assert "no longer computes what is declared for it" in skipped.reason
+        pytest.skip(f"{name} in transformers {transformers.__version__}: {skipped.reason}")
+    assert [s.source for s in report.swapped] == [cls]
     x = torch.randn(8, 64, dtype=torch.float64).mul(2).to(device, x_dtype)
     (out, grads), (expected, expected_grads) = (_run(m, x) for m in (ours, theirs))
     assert out.dtype == expected.dtype
@@ -222,18 +227,26 @@ def test_training_steps_match_eager(name, device):
     _assert_same_training(_train(model), _train(reference), device)
 
 
-def _train_counting_norms(model: nn.Module) -> tuple[tuple, int]:
-    """Two training steps of `model`, and the RMSNormFwdOp calls they made."""
-    with tileops.record() as record:
+def _train_counting_norms(model: nn.Module, monkeypatch) -> tuple[tuple, int]:
+    """Two training steps of `model`, and the RMSNormFwdOp calls they made, in any thread: on
+    GPUs autograd recomputes a checkpointed layer in a thread of its own, outside the
+    caller's context (where `tileops.record` counts)."""
+    calls, forward = [], RMSNormFwdOp.forward
+
+    def counted(self, *args):
+        calls.append(None)
+        return forward(self, *args)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(RMSNormFwdOp, "forward", counted)
         trained = _train(model, steps=2)
-    norm = "tileops::RMSNormFwdOp"
-    return trained, sum(n for served, n in record.counts.items() if served.op == norm)
+    return trained, len(calls)
 
 
 @pytest.mark.filterwarnings("ignore:`gradient_checkpointing_enable` is deprecated:FutureWarning")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non_reentrant"])
-def test_gradient_checkpointing_through_a_kernelized_model(reentrant, device):
+def test_gradient_checkpointing_through_a_kernelized_model(reentrant, device, monkeypatch):
     """torch.utils.checkpoint, as transformers applies it per decoder layer: the layers' norms
     run again in the backward pass, through the op, and the training is the eager one."""
     reference = build("llama", device=device)
@@ -242,7 +255,9 @@ def test_gradient_checkpointing_through_a_kernelized_model(reentrant, device):
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     if reentrant:  # a reentrant checkpoint needs an input that requires grad
         model.enable_input_require_grads()
-    (trained, calls), (_, plain_calls) = map(_train_counting_norms, (model, plain))
+    (trained, calls), (_, plain_calls) = (
+        _train_counting_norms(m, monkeypatch) for m in (model, plain)
+    )
     assert calls == plain_calls + 2 * 2 * TINY["num_hidden_layers"]  # 2 steps, 2 norms a layer
     _assert_same_training(trained, _train(reference, steps=2), device)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import re
 
 import pytest
 import torch
@@ -347,3 +348,29 @@ def test_modules_selects_declared_classes_too():
 def test_modules_naming_an_undeclared_class_says_how_to_declare_it():
     with pytest.raises(ValueError, match="argument 'modules'.*TwoInputNorm.*register_module"):
         tnn.kernelize(nn.Linear(2, 2), modules=[TwoInputNorm])
+
+
+@pytest.mark.parametrize(
+    ("declared", "message"),
+    [
+        ({"order": "scale_then_cast"}, "returns torch.float32 for a torch.bfloat16 input where"),
+        ({"eps": 0.5}, "differs from .* on a probe input by up to"),
+        ({"weight_offset": 1.0}, "differs from .* on a probe input by up to"),
+    ],
+)
+def test_a_class_that_does_not_compute_its_declaration_is_skipped_with_the_reason(
+    declared, message
+):
+    """A declaration can outlive what its class computes (a library changed it between
+    versions): kernelize probes the class first and leaves it alone, saying why."""
+
+    class Drifted(LlamaStyleNorm):
+        pass
+
+    tnn.register_module_semantics(Drifted, **{**DECLARATIONS[LlamaStyleNorm], **declared})
+    model = nn.Sequential(Drifted(16))
+    report = tnn.kernelize(model)
+    assert report.swapped == [] and type(model[0]) is Drifted
+    [skipped] = report.skipped
+    assert re.search(message, skipped.reason), skipped.reason
+    assert "no longer computes what is declared for it" in skipped.reason

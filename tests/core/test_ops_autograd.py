@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from op_helpers import randn
 
+import tileops
 from tileops import (
     BatchNormFwdOp,
     GemmOp,
@@ -208,3 +210,27 @@ def test_running_stats_that_require_grad_are_refused_at_the_call(training, stat)
     torch.testing.assert_close((mean, var), _stats(torch.float32))  # not updated
     with torch.no_grad():  # no autograd: accepted, as F.batch_norm accepts it
         op(x, None, None, mean, var)
+
+
+def _backward_in_a_thread_of_its_own(loss: torch.Tensor) -> None:
+    """As autograd runs a GPU backward: in a device thread that does not see the caller's
+    context (its pins and records)."""
+    worker = threading.Thread(target=loss.backward)
+    worker.start()
+    worker.join()
+
+
+@pytest.mark.parametrize("mutating", [False, True], ids=["rms_norm", "batch_norm"])
+def test_a_backward_run_elsewhere_keeps_its_forwards_records_and_pins(mutating):
+    if mutating:
+        op, x = BatchNormFwdOp(4), randn(3, 4, 5).requires_grad_()
+        args = (x, None, None, torch.zeros(4), torch.ones(4))
+    else:
+        op, x = RMSNormFwdOp(5), randn(3, 5).requires_grad_()
+        args = (x, None)
+    with tileops.record() as inside, tileops.pinned(type(op), "backward", "reference_backward"):
+        loss = op(*args).square().sum()
+    _backward_in_a_thread_of_its_own(loss)
+    interfaces = {served.interface: served.key for served in inside.counts}
+    assert interfaces["backward"] == "reference_backward"
+    assert x.grad is not None

@@ -22,6 +22,7 @@ from .backward import backward_of
 from .errors import OpDefinitionError, OpInputError, add_note
 from .op import Op
 from .registry import REGISTRY
+from .scope import SCOPE, SCOPES
 from .table import ENTRY_LIMIT, remember
 
 _LIBRARIES: dict[str, torch.library.Library] = {}
@@ -198,7 +199,7 @@ def _setup_context(op_cls: type[Op]) -> Any:
         if frozen:  # the log-sum-exp of attention: no gradient flows through it
             ctx.mark_non_differentiable(*frozen)
         ctx.save_for_backward(*tensors)
-        ctx.params, ctx.target = params, target
+        ctx.params, ctx.target, ctx.scope = params, target, SCOPE.get()
 
     return setup_context
 
@@ -208,7 +209,8 @@ def _backward(op_cls: type[Op]) -> Any:
         count = len(op_cls.signature.inputs)
         needs = tuple(ctx.needs_input_grad[:count])
         op = instance(op_cls, ctx.params, ctx.target)
-        tensor_grads = backward_of(op, grads, tuple(ctx.saved_tensors), needs)
+        with SCOPES.resume(ctx.scope):
+            tensor_grads = backward_of(op, grads, tuple(ctx.saved_tensors), needs)
         return (*tensor_grads, *[None] * (len(ctx.params) + 1))
 
     return backward
@@ -233,7 +235,7 @@ class _MutatingOp(torch.autograd.Function):
         signature = instance(op_cls, params, target).signature  # BatchNorm's follows training
         written = [spec.written for spec in signature.inputs]
         ctx.save_for_backward(*[None if w else t for t, w in zip(tensors, written, strict=True)])
-        ctx.op_cls, ctx.params, ctx.target = op_cls, params, target
+        ctx.op_cls, ctx.params, ctx.target, ctx.scope = op_cls, params, target, SCOPE.get()
         with torch._C._AutoDispatchBelowAutograd():
             return operator(op_cls)(*tensors, *params.values(), target)
 
@@ -241,7 +243,9 @@ class _MutatingOp(torch.autograd.Function):
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
         needs = tuple(ctx.needs_input_grad[3:])
         op = instance(ctx.op_cls, ctx.params, ctx.target)
-        return (None, None, None, *backward_of(op, grads, tuple(ctx.saved_tensors), needs))
+        with SCOPES.resume(ctx.scope):
+            tensor_grads = backward_of(op, grads, tuple(ctx.saved_tensors), needs)
+        return (None, None, None, *tensor_grads)
 
 
 def _autocast_impl(op_cls: type[Op], device_type: str) -> Any:

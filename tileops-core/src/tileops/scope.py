@@ -100,6 +100,21 @@ class Scopes:
             SCOPE.reset(token)
 
     @contextlib.contextmanager
+    def resume(self, scope: Scope | None) -> Iterator[None]:
+        """Run inside `scope`, captured in another context: an op call's, for its backward,
+        which autograd runs in a thread of its own on GPUs, where the caller's context is not
+        visible. Without one, the current context stays."""
+        if scope is None or SCOPE.get() is scope:
+            yield
+            return
+        token = SCOPE.set(scope)
+        try:
+            with self.counted():
+                yield
+        finally:
+            SCOPE.reset(token)
+
+    @contextlib.contextmanager
     def counted(self) -> Iterator[None]:
         """While inside, every op's hits consult their context."""
         self.count(+1)

@@ -30,6 +30,7 @@ def tileops_backend_info() -> dict:
 
 # Imported after the hook, so that it is in place even if a kernel module fails to import.
 from .attention import kernels as attention_kernels  # noqa: E402
+from .batch_norm import backward as bn_backward  # noqa: E402
 from .batch_norm import kernels as bn_kernels  # noqa: E402
 from .gemm import kernels as gemm_kernels  # noqa: E402
 from .rows import kernels as row_kernels  # noqa: E402
@@ -65,6 +66,7 @@ KERNELS = {
         "tilelang_bn_split_channel": bn_kernels.BatchNormSplitChannel,
         "tilelang_bn_tiled": bn_kernels.BatchNormTiled,
         "tilelang_bn_infer": bn_kernels.BatchNormInfer,
+        "aten_bn_backward": bn_backward.BatchNormBackwardNative,
     },
     GemmOp: {
         "tilelang_gemm": gemm_kernels.GemmGeneral,

@@ -10,6 +10,7 @@ that regenerates the class from `cls` and the declaration.
 
 from __future__ import annotations
 
+import copy
 import copyreg
 import functools
 import inspect
@@ -44,7 +45,11 @@ class DeclaredNorm(TileModule):
     def refusal(cls, module: nn.Module) -> str | None:
         if cls.input_name is None:
             return "its forward does not take exactly one input, as a declared norm does"
-        return super().refusal(module) or _attribute_refusal(module, cls.semantics)
+        return (
+            super().refusal(module)
+            or _attribute_refusal(module, cls.semantics)
+            or _probe_refusal(module, cls.semantics)
+        )
 
     def __reduce_ex__(self, protocol: int) -> tuple:
         reduced = super().__reduce_ex__(protocol)
@@ -110,3 +115,43 @@ def _eps_refusal(module: nn.Module, semantics: ModuleSemantics, n: int) -> str |
 
 
 _MISSING = object()
+PROBE_ROWS = 4
+
+
+def _probe_refusal(module: nn.Module, semantics: ModuleSemantics) -> str | None:
+    """Why `module`'s own forward does not compute `semantics` on a probe input, or None.
+
+    A declaration names a class, and a library may change what that class computes between
+    versions (which dtype it scales in, say); the probe, a float32 copy of the module on the
+    CPU fed a bfloat16 input (where the rounding orders differ), catches that before the swap,
+    not as a wrong result after it."""
+    given = [getattr(module, name, None) for name in (semantics.weight, semantics.bias) if name]
+    given = [t for t in given if isinstance(t, torch.Tensor)]
+    if not given or any(t.is_meta for t in given):
+        return None  # no parameters to order a rounding around, or no values to compare
+    probe = copy.deepcopy(module).cpu().float()
+    x = _probe_input(probe, semantics)
+    with torch.no_grad():
+        theirs = type(module).forward(probe, x)
+        ours = declared_norm(probe, x, semantics)
+    if theirs.dtype != ours.dtype:
+        return (
+            f"its forward returns {theirs.dtype} for a {x.dtype} input where {semantics} "
+            f"returns {ours.dtype}: the class no longer computes what is declared for it"
+        )
+    tolerance = 4 * torch.finfo(x.dtype).eps
+    if not torch.allclose(theirs.float(), ours.float(), rtol=tolerance, atol=tolerance):
+        difference = (theirs.float() - ours.float()).abs().max().item()
+        return (
+            f"its forward differs from {semantics} on a probe input by up to {difference:.3g}: "
+            "the class no longer computes what is declared for it"
+        )
+    return None
+
+
+def _probe_input(module: nn.Module, semantics: ModuleSemantics) -> torch.Tensor:
+    """(PROBE_ROWS, n) bfloat16 values away from zero (the probe's parameters are float32)."""
+    names = (semantics.weight, semantics.bias)
+    param = next(getattr(module, n) for n in names if n and getattr(module, n) is not None)
+    generator = torch.Generator().manual_seed(0)
+    return (torch.randn(PROBE_ROWS, param.shape[0], generator=generator) * 2 + 0.5).bfloat16()
