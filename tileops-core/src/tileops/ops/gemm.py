@@ -98,8 +98,9 @@ def gemm_gradient_calls(call: GemmCall) -> tuple[GemmCall, GemmCall]:
     b_shape = (call.n, call.k) if call.trans_b else (call.k, call.n)
     plans = GRADIENT_GEMMS[call.trans_a, call.trans_b]
     dA, dB = (
-        GemmCall(device=call.device, m=rows, n=cols, k=inner, dtype=call.dtype, trans_a=ta,
-                 trans_b=tb)  # fmt: skip
+        GemmCall(
+            device=call.device, m=rows, n=cols, k=inner, dtype=call.dtype, trans_a=ta, trans_b=tb
+        )  # fmt: skip
         for (ta, tb, _, _), (rows, cols), inner in zip(
             plans, (a_shape, b_shape), (call.n, call.m), strict=True
         )
