@@ -16,8 +16,8 @@ from tileops_cuda._common.lanes import plan_smem_bytes
 from tileops_cuda.batch_norm import kernels as batch_norm
 from tileops_cuda.batch_norm import plans as bn_plans
 from tileops_cuda.gemm import kernels as gemm
-from tileops_cuda.gemm import vendor as gemm_vendor
 from tileops_cuda.gemm import tiles as gemm_tiles
+from tileops_cuda.gemm import vendor as gemm_vendor
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 TRAIN, INFER = "batch_norm_fwd_train", "batch_norm_fwd_infer"
