@@ -242,3 +242,47 @@ def test_operands_given_as_transposed_views_are_read_in_place():
     gemms, _ = gemm_records(record)
     assert sorted(layout for layout, *_ in gemms) == ["NN", "TN"]  # dA's NT reads w as NN
     torch.testing.assert_close(w.grad, (randn(5, 7, dtype=torch.float64, seed=4).T @ a).detach())
+
+
+def test_compiled_backward_is_two_gemm_nodes_and_a_sum():
+    """Traced by AOTAutograd (a symbolic batch), the backward holds GemmOp's NN and TN
+    operators and dy's sum: one node each, no recompute of the forward."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs = {}
+
+    def constant(arg):  # the layout flags and sum's dims; None for a tensor
+        return arg if isinstance(arg, (bool, list)) else None
+
+    def backend(gm, inputs):
+        def keep(kind):
+            def compiler(graph_module, _):
+                graphs[kind] = [
+                    (str(n.target), tuple(constant(a) for a in n.args[-2:]))
+                    for n in graph_module.graph.nodes
+                    if isinstance(n.target, torch._ops.OpOverload) and "view" not in str(n.target)
+                ]  # fmt: skip
+                return graph_module
+
+            return compiler
+
+        return aot_module_simplified(gm, inputs, fw_compiler=keep("fw"), bw_compiler=keep("bw"))
+
+    linear = tnn.Linear(8, 6, dtype=torch.float64)
+    reference = nn.Linear(8, 6, dtype=torch.float64)
+    reference.load_state_dict(linear.state_dict())
+    compiled = torch.compile(linear, backend=backend, fullgraph=True, dynamic=True)
+    for batch in (3, 5):
+        x = randn(batch, 4, 8, dtype=torch.float64)
+        xs = x.clone().requires_grad_(), x.clone().requires_grad_()
+        compiled(xs[0]).sum().backward()
+        reference(xs[1]).sum().backward()
+        torch.testing.assert_close(xs[0].grad, xs[1].grad)
+    torch.testing.assert_close(linear.weight.grad, reference.weight.grad)
+    gemm = "tileops.GemmOp.default"
+    assert graphs["fw"] == [(gemm, (False, True))]
+    assert graphs["bw"] == [
+        (gemm, (False, False)),
+        (gemm, (True, False)),
+        ("aten.sum.dim_IntList", (None, [0])),
+    ]
