@@ -97,15 +97,12 @@ def gemm_gradient_calls(call: GemmCall) -> tuple[GemmCall, GemmCall]:
     a_shape = (call.k, call.m) if call.trans_a else (call.m, call.k)
     b_shape = (call.n, call.k) if call.trans_b else (call.k, call.n)
     plans = GRADIENT_GEMMS[call.trans_a, call.trans_b]
-    dA, dB = (
-        GemmCall(
-            device=call.device, m=rows, n=cols, k=inner, dtype=call.dtype, trans_a=ta, trans_b=tb
-        )  # fmt: skip
-        for (ta, tb, _, _), (rows, cols), inner in zip(
-            plans, (a_shape, b_shape), (call.n, call.m), strict=True
-        )
+    sizes = ((*a_shape, call.n), (*b_shape, call.m))  # (rows, cols, inner) of dA and dB
+    grad_a, grad_b = (
+        GemmCall(device=call.device, m=m, n=n, k=k, dtype=call.dtype, trans_a=ta, trans_b=tb)
+        for (ta, tb, _, _), (m, n, k) in zip(plans, sizes, strict=True)
     )
-    return dA, dB
+    return grad_a, grad_b
 
 
 class GemmBackward(Kernel, BackwardInterface):
