@@ -12,8 +12,6 @@ from cuda_grid import SIMULATED, bn_call, gemm_call
 import tileops_cuda
 from tileops.backward import BackwardCall
 from tileops.ops import BatchNormFwdOp, GemmOp, gemm_gradient_calls
-from tileops.ops.gemm import GemmReference
-from tileops.ops.norm.batch_norm import BatchNormInferReference, BatchNormTrainReference
 from tileops.testing import simulate_device
 from tileops_cuda.batch_norm import vendor as bn_vendor
 from tileops_cuda.gemm import vendor as gemm_vendor
@@ -224,7 +222,9 @@ def test_cublas_reads_every_layout_as_the_reference(layout, bias):
     c = torch.randn(7, dtype=torch.float64) if bias else None
     got = gemm_vendor.CublasGemm(*layout)(a, b, c)
     assert got.is_contiguous() and got.shape == (5, 7)
-    torch.testing.assert_close(got, GemmReference(*layout)(a, b, c), rtol=0, atol=0)
+    torch.testing.assert_close(
+        got, GemmOp.kernel_types["reference"](*layout)(a, b, c), rtol=0, atol=0
+    )
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
@@ -238,10 +238,10 @@ def test_cudnn_kernels_read_both_layouts_as_the_reference(training, channels_las
     theirs = [t.clone() for t in stats]
     if training:
         ours = bn_vendor.CudnnBatchNormTrain(1e-5, 0.1, channels_last)
-        reference = BatchNormTrainReference(1e-5, 0.1, channels_last)
+        reference = BatchNormFwdOp.kernel_types["reference"](1e-5, 0.1, channels_last)
     else:
         ours = bn_vendor.CudnnBatchNormInfer(1e-5, 0.0, channels_last)
-        reference = BatchNormInferReference(1e-5, channels_last)
+        reference = BatchNormFwdOp.kernel_types["reference_infer"](1e-5, channels_last)
     got = ours(x, *params, *stats)
     assert got.is_contiguous() and got.shape == x.shape
     torch.testing.assert_close(got, reference(x, *params, *theirs), rtol=1e-12, atol=1e-12)
