@@ -10,8 +10,9 @@ are read once per process), each timing `nn.Linear` beside it:
 - `tnn.Linear`: as dispatched (GemmOp's backward kernel; each GEMM on the key the table picks);
 - `tnn.Linear, TileLang`: cuBLAS denied (`TILEOPS_DENY=GemmOp.gemm=cublas`): every GEMM on
   the TileLang keys, the figures a new measured region would come from;
-- `tnn.Linear, recompute`: GemmOp's backward kernel denied: the recompute reference (torch
-  re-runs the forward and differentiates it), the backward before this kernel.
+- `tnn.Linear, recompute`: the recompute backward (torch re-runs the forward and
+  differentiates it, `tileops.backward.RecomputeBackward`) registered over GemmOp's own: the
+  backward before GemmBackward.
 
 Per contender: the keys serving the forward, dx and dW (`tileops.record`), the step's and the
 forward's medians of do_bench (L2 cleared per repetition, best of --rounds), back-to-back steps
@@ -43,8 +44,20 @@ SHAPES = [  # tokens, out, in, bias
 VARIANTS = {  # name -> (contender label, TILEOPS_DENY)
     "default": ("tnn.Linear", ""),
     "tilelang": ("tnn.Linear, TileLang", "GemmOp.gemm=cublas"),
-    "recompute": ("tnn.Linear, recompute", "GemmOp.backward=gemm_backward"),
+    "recompute": ("tnn.Linear, recompute", ""),
 }
+
+
+def use_recompute() -> None:
+    """Serve GemmOp's backward by recomputing the forward in torch (the old reference)."""
+    from tileops.backend import register_kernel_type
+    from tileops.backward import RecomputeBackward
+    from tileops.ops import GemmOp
+
+    class Recompute(RecomputeBackward):
+        general = False  # wins over GemmBackward, the op's general reference backward
+
+    register_kernel_type(GemmOp, "recompute_backward", Recompute)
 
 
 def measure(m: int, n: int, k: int, bias: bool, rounds: int) -> dict:
@@ -131,7 +144,7 @@ def gradient_error(module, x, dy) -> float:
 def run_variant(name: str, rounds: int) -> list[dict]:
     """Every shape in a child process whose TILEOPS_DENY is the variant's."""
     env = {**os.environ, "TILEOPS_DENY": VARIANTS[name][1]}
-    command = [sys.executable, __file__, "--child", "--rounds", str(rounds)]
+    command = [sys.executable, __file__, "--child", name, "--rounds", str(rounds)]
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if out.returncode:
         sys.stderr.write(out.stderr)
@@ -182,9 +195,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default=None)
     parser.add_argument("--commit", default=None)
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
+        if args.child == "recompute":
+            use_recompute()
         rows = [measure(*shape, args.rounds) for shape in SHAPES]
         print(json.dumps(rows))
         return

@@ -13,8 +13,7 @@ from torch import nn
 import tileops
 from tileops import GemmOp
 from tileops import nn as tnn
-from tileops.backward import NOT_DIFFERENTIABLE, BackwardCall
-from tileops.ops import GemmCall, gemm_gradient_calls
+from tileops.ops import GemmBackward, GemmCall, gemm_gradient_calls
 
 LAYOUTS = list(itertools.product((False, True), (False, True)))
 LAYOUT_IDS = ["NN", "NT", "TN", "TT"]
@@ -100,7 +99,7 @@ def test_gradcheck_through_the_gemm_backward(layout):
     inputs = [t.requires_grad_() for t in operands(*layout)]
     with tileops.record() as record:
         assert torch.autograd.gradcheck(GemmOp(*layout), inputs)
-    assert set(gemm_records(record)[1]) == {"gemm_backward"}  # never the recompute
+    assert set(gemm_records(record)[1]) == {"reference_backward"}  # never the recompute
 
 
 @pytest.mark.parametrize("bias", [False, True], ids=["no bias", "bias"])
@@ -119,7 +118,7 @@ def test_the_backward_runs_gemms_in_the_transposed_layouts_and_no_forward(
     with tileops.record() as record:
         y.backward(randn(5, 7, dtype=torch.float64, seed=4))
     gemms, backward = gemm_records(record)
-    assert backward == {"gemm_backward": 1}
+    assert backward == {"reference_backward": 1}
     expected = {(c.layout, c.m, c.n, c.k): 1 for c in gemm_gradient_calls(forward)}
     assert gemms == expected
     assert [c.layout for c in gemm_gradient_calls(forward)] == list(EXPECTED_LAYOUTS[NAMES[layout]])
@@ -155,26 +154,39 @@ def test_only_the_gradients_needed_are_computed(needs, layouts):
     with tileops.record() as record:
         y.sum().backward()
     gemms, backward = gemm_records(record)
-    assert backward == {"gemm_backward": 1}
+    assert backward == {"reference_backward": 1}
     assert sorted(layout for layout, *_ in gemms) == layouts
     assert [t.grad is not None for t in leaves] == list(needs)
 
 
-def test_create_graph_goes_to_the_recompute_reference():
-    a, b, c = (t.requires_grad_() for t in operands(False, True))
-    y = GemmOp(trans_b=True)(a, b, c)
-    call = BackwardCall(device=a.device, op=GemmOp.op_name,
-                        params=(("trans_a", False), ("trans_b", True)),
-                        dtypes=(a.dtype,) * 3, needs=(True,) * 3, create_graph=True)  # fmt: skip
-    explanation = GemmOp(trans_b=True).explain("backward", call)
-    assert explanation.chosen == "reference_backward"
-    assert explanation.verdicts()["gemm_backward"] == f"refused: {NOT_DIFFERENTIABLE}"
-    (ga,) = torch.autograd.grad(y.square().sum(), a, create_graph=True)
-    (gga,) = torch.autograd.grad(ga.sum(), b)  # second order flows through the recompute
-    aa, bb, cc = (t.detach().requires_grad_() for t in (a, b, c))
-    (want_a,) = torch.autograd.grad((aa @ bb.T + cc).square().sum(), aa, create_graph=True)
-    (want,) = torch.autograd.grad(want_a.sum(), bb)
-    torch.testing.assert_close(gga, want)
+def test_the_reference_backward_is_the_gemm_backward():
+    """GemmBackward is GemmOp's general backward: a backend's backward kernel wins over it."""
+    assert GemmOp.kernel_types["reference_backward"] is GemmBackward
+    assert GemmBackward.general and GemmBackward.differentiable
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=LAYOUT_IDS)
+def test_second_derivatives_flow_through_the_gemms_without_recompute(layout, monkeypatch):
+    """Under create_graph the gradients are GemmOp calls through the operator, so autograd
+    differentiates them again: d/db of sum(d/da sum((op_a(a) op_b(b) + bias)^2)), as torch's."""
+
+    def recompute(*args):
+        raise AssertionError("the backward recomputed the forward")
+
+    monkeypatch.setattr(GemmOp, "reference_forward", recompute)
+    inputs = operands(*layout)
+    ours = [t.clone().requires_grad_() for t in inputs]
+    theirs = [t.clone().requires_grad_() for t in inputs]
+    with tileops.record() as record:
+        (ga,) = torch.autograd.grad(GemmOp(*layout)(*ours).square().sum(), ours[0],
+                                    create_graph=True)  # fmt: skip
+        got = torch.autograd.grad(ga.sum(), ours[1:])
+    (want_a,) = torch.autograd.grad(torch_product(*layout, *theirs).square().sum(), theirs[0],
+                                    create_graph=True)  # fmt: skip
+    want = torch.autograd.grad(want_a.sum(), theirs[1:])
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    assert set(gemm_records(record)[1]) == {"reference_backward"}
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 4), (6, 4), (4,)], ids=["3-d", "2-d", "1-d"])
@@ -195,7 +207,7 @@ def test_linear_gradients_match_nn_linear(shape, bias):
         torch.testing.assert_close(mine.grad, want.grad, rtol=1e-12, atol=1e-12)
     rows = x.numel() // 4
     gemms, backward = gemm_records(record)
-    assert backward == {"gemm_backward": 1}  # one backward of one NT GEMM over flattened rows
+    assert backward == {"reference_backward": 1}  # one backward of one NT GEMM over flattened rows
     assert gemms == {("NN", rows, 4, 6): 1, ("TN", 6, 4, rows): 1}
 
 
@@ -228,7 +240,7 @@ def test_16_bit_gradients_on_the_meta_device(layout):
     y = GemmOp(*layout)(a, b, c)
     with tileops.record() as record:
         y.sum().backward()
-    assert gemm_records(record)[1] == {"gemm_backward": 1}
+    assert gemm_records(record)[1] == {"reference_backward": 1}
     for t in (a, b, c):
         assert t.grad.shape == t.shape and t.grad.dtype == torch.bfloat16
         assert t.grad.device.type == "meta"

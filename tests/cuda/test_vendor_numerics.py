@@ -111,6 +111,14 @@ def test_channels_last_batch_norm_dispatches_to_cudnn_and_keeps_its_format(train
     assert rel_err(got, want) < TOLERANCE[torch.bfloat16]
 
 
+GEMM_LAYOUTS_OF_GRADIENTS = {"NN": ("NT", "TN"), "NT": ("NN", "TN"), "TN": ("NT", "NN"),
+                             "TT": ("TT",)}  # fmt: skip
+
+
+def layouts_of(record) -> set:
+    return {(s.interface, s.call.layout) for s in record.counts if s.interface == "gemm"}
+
+
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("layout", list(GEMM_LAYOUTS))
 @pytest.mark.parametrize("shape", [(1, 4096, 4096), (16, 4096, 4096), (1000, 1001, 999)], ids=str)
@@ -131,7 +139,10 @@ def test_gemm_backward_matches_float64(shape, layout, bias):
     for g, w in zip(got, want, strict=True):
         assert g.dtype == torch.bfloat16 and rel_err(g, w) < TOLERANCE[torch.bfloat16]
     keys = {(s.interface, s.key) for s in record.counts}
-    assert ("backward", "gemm_backward") in keys and ("backward", "reference_backward") not in keys
+    assert ("backward", "reference_backward") in keys  # GemmBackward: GemmOps, no recompute
+    assert {layout for (interface, layout) in layouts_of(record)} == set(
+        GEMM_LAYOUTS_OF_GRADIENTS[layout]
+    )
 
 
 @pytest.mark.parametrize("rows", [(1, 1), (4, 2048)], ids=["decode", "prefill"])

@@ -139,15 +139,16 @@ def test_linear_backward_gemms_select_by_the_table(shape, keys):
     assert chosen == keys
 
 
-def test_the_gemm_backward_kernel_serves_cuda_calls_without_create_graph():
+def test_the_gemm_backward_serves_cuda_calls():
     call = BackwardCall(device=torch.device("cuda:0"), op=GemmOp.op_name,
                         params=(("trans_a", False), ("trans_b", True)), dtypes=(BF16,) * 3,
                         needs=(True, True, True))  # fmt: skip
     with simulate_device("cuda:0", arch=90, **H200):
-        explanation = GemmOp(trans_b=True).explain("backward", call)
-        assert explanation.chosen == "gemm_backward"
-        graph = type(call)(**{**call.__dict__, "create_graph": True})
-        assert GemmOp(trans_b=True).explain("backward", graph).chosen == "reference_backward"
+        for create_graph in (False, True):
+            served = type(call)(**{**call.__dict__, "create_graph": create_graph})
+            explanation = GemmOp(trans_b=True).explain("backward", served)
+            assert explanation.chosen == "reference_backward"
+            assert GemmOp.kernel_types["reference_backward"].__name__ == "GemmBackward"
 
 
 # -- BatchNorm -------------------------------------------------------------------------------

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..backward import BackwardCall, BackwardInterface, RecomputeBackward, Tensors
+from .. import library
+from ..backward import BackwardCall, BackwardInterface, Tensors
 from ..callspec import CallSpec
 from ..kernel import Build, Kernel, KernelInterface
 from ..op import Op
@@ -109,9 +110,16 @@ class GemmBackward(Kernel, BackwardInterface):
     """GemmOp's gradients without recomputing the forward: dA and dB as GemmOps in the
     transposed layouts (`GRADIENT_GEMMS`), each selecting its own kernel by its own shape, and
     dbias as dy summed over rows (float32 accumulation, one rounding). Gradients not needed
-    are not computed. Not differentiable: create_graph goes to the recompute reference."""
+    are not computed.
+
+    The op's reference backward (general: a backend's backward kernel wins over it). The GEMMs
+    go through GemmOp's operator: traced (AOTAutograd, symbolic shapes) each is one node;
+    eagerly it dispatches by shape; under create_graph its own autograd differentiates it, so
+    the gradients are differentiable and second-order terms flow through the same GEMMs."""
 
     devices = frozenset({"cpu", "meta", "cuda"})
+    general = True
+    differentiable = True
 
     @classmethod
     def entry_for(cls, call: BackwardCall) -> tuple[Hashable, Build]:
@@ -130,7 +138,9 @@ class GemmBackward(Kernel, BackwardInterface):
         a, b, _ = inputs
         operands = {"a": a, "b": b, "dy": grads[0]}
         found = tuple(
-            None if plan is None else plan[0](operands[plan[1]], operands[plan[2]])
+            None
+            if plan is None
+            else library.call_operator(plan[0], (operands[plan[1]], operands[plan[2]], None))
             for plan in self.products
         )
         return (*found, grads[0].sum(0) if self.bias_needed else None)
@@ -165,11 +175,7 @@ class GemmOp(Op):
 
     namespace = "tileops"
     interfaces = {"gemm": GemmInterface, "backward": BackwardInterface}
-    kernel_types = {
-        "reference": GemmReference,
-        "reference_backward": RecomputeBackward,
-        "gemm_backward": GemmBackward,
-    }
+    kernel_types = {"reference": GemmReference, "reference_backward": GemmBackward}
     signature = _SIGNATURES[False, False]  # the instance's own follows its layout
 
     def __init__(
