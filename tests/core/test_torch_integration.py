@@ -225,6 +225,10 @@ def _gemm_backward(differentiable: bool, seen: list) -> type:
     class GemmBackward(Kernel, BackwardInterface):
         devices = {"cpu"}
 
+        @classmethod
+        def refusal(cls, call):  # the second-order graph holds the NT GEMM of GemmOp's backward
+            return None if not any(v for _, v in call.params) else "NN only"
+
         def forward(self, grads, inputs):
             seen.append(self.differentiable)
             grad_a = grads[0] @ inputs[1].T

@@ -181,15 +181,17 @@ def test_with_the_real_tileops_cuda_dispatch_is_never_ambiguous(facts, dtype) ->
 @pytest.mark.parametrize("facts", DEVICES.values(), ids=DEVICES.keys())
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_with_the_real_tileops_cuda_gemm_is_never_ambiguous(facts, dtype) -> None:
-    """Triton steps aside wherever a TileLang GEMM serves (no measured region yet)."""
+    """Triton steps aside wherever a tileops-cuda GEMM serves (no measured region yet): cuBLAS
+    serves every float GEMM on every CUDA arch, so Triton serves none beside tileops-cuda."""
     import tileops_cuda  # noqa: F401  (registers its kernels if the loader has not)
 
     with simulate_device(CUDA, **facts):
         for shape in [(1, 4096, 4096), (4096, 4096, 4096), (3, 5, 0), (65, 1, 7)]:
-            key = GemmOp().key_for(*gemm_call(*shape, dtype))
-            cuda_arch = facts["arch"] in (80, 86, 89, 90) and dtype != torch.float32
-            assert (key in CUDA_GEMM_KEYS) == cuda_arch, (shape, key)
-            assert key in CUDA_GEMM_KEYS or key == "triton"
+            explanation = GemmOp().explain(*gemm_call(*shape, dtype))
+            assert explanation.chosen in CUDA_GEMM_KEYS, (shape, explanation.chosen)
+            assert explanation.verdict("triton") == "refused"
+            if not (facts["arch"] in (80, 86, 89, 90) and dtype != torch.float32):
+                assert explanation.chosen == "cublas", (shape, explanation.chosen)
 
 
 def test_cpu_is_served_only_under_the_interpreter(triton_alone) -> None:

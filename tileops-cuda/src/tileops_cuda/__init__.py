@@ -32,7 +32,9 @@ def tileops_backend_info() -> dict:
 from .attention import kernels as attention_kernels  # noqa: E402
 from .batch_norm import backward as bn_backward  # noqa: E402
 from .batch_norm import kernels as bn_kernels  # noqa: E402
+from .batch_norm import vendor as bn_vendor  # noqa: E402
 from .gemm import kernels as gemm_kernels  # noqa: E402
+from .gemm import vendor as gemm_vendor  # noqa: E402
 from .rows import kernels as row_kernels  # noqa: E402
 
 KERNELS = {
@@ -88,8 +90,20 @@ KERNELS = {
     },
     AttentionDecodeOp: {"tilelang_flash_decode": attention_kernels.TileLangCacheDecode},
 }
-"""Every kernel this package registers: op class -> key -> kernel class."""
+"""The kernels this package writes (TileLang, and torch's SDPA backends for attention): op
+class -> key -> kernel class."""
 
-for _op, _keys in KERNELS.items():
-    for _key, _cls in _keys.items():
-        register_kernel_type(_op, _key, _cls)
+VENDOR_KERNELS = {
+    GemmOp: {"cublas": gemm_vendor.CublasGemm},
+    BatchNormFwdOp: {
+        "cudnn": bn_vendor.CudnnBatchNormTrain,
+        "cudnn_infer": bn_vendor.CudnnBatchNormInfer,
+    },
+}
+"""cuBLAS and cuDNN through torch, candidates beside KERNELS: they serve wherever no TileLang
+kernel was measured faster (`_common.vendor`). No program of their own to compile."""
+
+for _kernels in (KERNELS, VENDOR_KERNELS):
+    for _op, _keys in _kernels.items():
+        for _key, _cls in _keys.items():
+            register_kernel_type(_op, _key, _cls)

@@ -43,8 +43,12 @@ CUDA_ROW_KEYS = frozenset(
 )
 """tileops-cuda's keys for LayerNormFwdOp, RMSNormFwdOp and SoftmaxFwdOp."""
 
-CUDA_GEMM_KEYS = frozenset({"tilelang_gemm", "tilelang_gemm_hopper", "tilelang_gemm_skinny"})
-"""tileops-cuda's keys for GemmOp (float16 / bfloat16 on sm_80 .. sm_90; float32 it refuses)."""
+CUDA_GEMM_KEYS = frozenset(
+    {"cublas", "tilelang_gemm", "tilelang_gemm_hopper", "tilelang_gemm_skinny"}
+)
+"""tileops-cuda's keys for GemmOp: the TileLang ones (float16 / bfloat16 on sm_80 .. sm_90) and
+cuBLAS (every float dtype on every CUDA arch), which Triton was measured slower than
+(`benchmarks/results/gemm/gemm_nvidia_h200.md`: 0.93x torch.matmul at 4096^3, 0.47x at decode)."""
 
 
 @dataclass(frozen=True)

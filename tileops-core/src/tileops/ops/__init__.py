@@ -19,7 +19,7 @@ from .attention import (
     AttentionVarlenFwdOp,
     AttentionVarlenInterface,
 )
-from .gemm import GemmCall, GemmInterface, GemmOp
+from .gemm import GemmBackward, GemmCall, GemmInterface, GemmOp, gemm_gradient_calls
 from .norm import (
     BatchNormCall,
     BatchNormFwdOp,
@@ -54,6 +54,7 @@ __all__ = [
     "BatchNormFwdOp",
     "BatchNormInferInterface",
     "BatchNormTrainInterface",
+    "GemmBackward",
     "GemmCall",
     "GemmInterface",
     "GemmOp",
@@ -66,4 +67,5 @@ __all__ = [
     "SoftmaxCall",
     "SoftmaxFwdOp",
     "SoftmaxInterface",
+    "gemm_gradient_calls",
 ]

@@ -3,14 +3,15 @@ or transposed (cuBLAS's and upstream TileOPs' `trans_a` / `trans_b` layouts)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Hashable, Iterable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..backward import BackwardInterface, RecomputeBackward
+from .. import library
+from ..backward import BackwardCall, BackwardInterface, Tensors
 from ..callspec import CallSpec
-from ..kernel import KernelInterface
+from ..kernel import Build, Kernel, KernelInterface
 from ..op import Op
 from ..signature import Input, Output, Signature
 from ._common import ReferenceKernel, bool_param, sample_case
@@ -77,6 +78,74 @@ def _product(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> tor
     return torch.mm(a, b) if bias is None else torch.addmm(bias, a, b)
 
 
+# -- backward: dA and dB through GemmOp in the transposed layouts ----------------------------
+
+GRADIENT_GEMMS: dict[tuple[bool, bool], tuple[tuple[bool, bool, str, str], ...]] = {
+    (False, False): ((False, True, "dy", "b"), (True, False, "a", "dy")),
+    (False, True): ((False, False, "dy", "b"), (True, False, "dy", "a")),
+    (True, False): ((False, True, "b", "dy"), (False, False, "a", "dy")),
+    (True, True): ((True, True, "b", "dy"), (True, True, "dy", "a")),
+}
+"""(trans_a, trans_b) -> the GEMMs giving (dA, dB): each (trans_a, trans_b, first, second) of a
+GemmOp on the stored tensors named. For y = op_a(a) @ op_b(b), d op_a(a) = dy @ op_b(b)^T and
+d op_b(b) = op_a(a)^T @ dy; reading each operand transposed where it lies makes every product
+come out in its input's stored shape, so nothing is copied or transposed."""
+
+
+def gemm_gradient_calls(call: GemmCall) -> tuple[GemmCall, GemmCall]:
+    """The calls of dA's and dB's GEMMs for a forward `call` whose operands lie in the op's
+    layout (and a contiguous dy): dA comes out in a's stored shape over n, dB in b's over m."""
+    a_shape = (call.k, call.m) if call.trans_a else (call.m, call.k)
+    b_shape = (call.n, call.k) if call.trans_b else (call.k, call.n)
+    plans = GRADIENT_GEMMS[call.trans_a, call.trans_b]
+    sizes = ((*a_shape, call.n), (*b_shape, call.m))  # (rows, cols, inner) of dA and dB
+    grad_a, grad_b = (
+        GemmCall(device=call.device, m=m, n=n, k=k, dtype=call.dtype, trans_a=ta, trans_b=tb)
+        for (ta, tb, _, _), (m, n, k) in zip(plans, sizes, strict=True)
+    )
+    return grad_a, grad_b
+
+
+class GemmBackward(Kernel, BackwardInterface):
+    """GemmOp's gradients without recomputing the forward: dA and dB as GemmOps in the
+    transposed layouts (`GRADIENT_GEMMS`), each selecting its own kernel by its own shape, and
+    dbias as dy summed over rows (float32 accumulation, one rounding). Gradients not needed
+    are not computed.
+
+    The op's reference backward (general: a backend's backward kernel wins over it). The GEMMs
+    go through GemmOp's operator: traced (AOTAutograd, symbolic shapes) each is one node;
+    eagerly it dispatches by shape; under create_graph its own autograd differentiates it, so
+    the gradients are differentiable and second-order terms flow through the same GEMMs."""
+
+    devices = frozenset({"cpu", "meta", "cuda"})
+    general = True
+    differentiable = True
+
+    @classmethod
+    def entry_for(cls, call: BackwardCall) -> tuple[Hashable, Build]:
+        identity = (call.params, call.needs)
+        return identity, lambda: cls(dict(call.params), call.needs)
+
+    def __init__(self, params: dict[str, Any], needs: tuple[bool, ...]) -> None:
+        plans = GRADIENT_GEMMS[bool(params["trans_a"]), bool(params["trans_b"])]
+        self.products = tuple(
+            (GemmOp(ta, tb), first, second) if need else None
+            for (ta, tb, first, second), need in zip(plans, needs, strict=False)
+        )
+        self.bias_needed = needs[2]
+
+    def forward(self, grads: Tensors, inputs: Tensors) -> Tensors:
+        a, b, _ = inputs
+        operands = {"a": a, "b": b, "dy": grads[0]}
+        found = tuple(
+            None
+            if plan is None
+            else library.call_operator(plan[0], (operands[plan[1]], operands[plan[2]], None))
+            for plan in self.products
+        )
+        return (*found, grads[0].sum(0) if self.bias_needed else None)
+
+
 def _signature(trans_a: bool, trans_b: bool) -> Signature:
     """a (m, k) or, transposed, (k, m); b (k, n) or (n, k); bias (n,); all of a's dtype."""
     return Signature(
@@ -106,7 +175,7 @@ class GemmOp(Op):
 
     namespace = "tileops"
     interfaces = {"gemm": GemmInterface, "backward": BackwardInterface}
-    kernel_types = {"reference": GemmReference, "reference_backward": RecomputeBackward}
+    kernel_types = {"reference": GemmReference, "reference_backward": GemmBackward}
     signature = _SIGNATURES[False, False]  # the instance's own follows its layout
 
     def __init__(

@@ -34,6 +34,9 @@ Symbolic vs baked: channels and spatial are the layer's shape and are baked in (
 vector width and the index arithmetic); batch is symbolic (one build serves every batch size),
 except in the held layouts (block, smem, cluster and group channel), whose layout is sized by n.
 
+cuDNN (`vendor`, keys `cudnn` and `cudnn_infer`) is preferred over all of them and steps aside
+only where they measured faster on the H200 (TUNING.md#vendor-regions).
+
 The plan rules are in `plans` (their measurements in TUNING.md), the programs in `programs`
 (`held_program`, `streamed_program`).
 """

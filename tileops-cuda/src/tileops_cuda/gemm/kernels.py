@@ -12,6 +12,10 @@ a bias in their epilogue (in float32, before C's one rounding).
 |                       |            | padded to them from 2^36 flops  |                         |
 | tilelang_gemm         | sm_80..90  | every 16-bit call (k == 0: 0s)  |                         |
 
+cuBLAS (`vendor.CublasGemm`, key `cublas`) is preferred over all three and steps aside only in
+the regions where one of them measured faster on the H200 (`vendor.GEMM_FASTER`,
+TUNING.md#vendor-regions): the tables below partition what remains when it does.
+
 float32 is refused by all three: TileLang's T.gemm runs float32 operands as tf32 on the tensor
 cores (10 mantissa bits), while torch.mm keeps full float32 unless the user allows tf32; the
 Triton or reference kernels serve it.

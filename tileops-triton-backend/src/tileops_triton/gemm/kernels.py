@@ -4,7 +4,8 @@ aside for tileops-cuda.
 It serves float16/bfloat16/float32 GEMMs of any shape and layout (NN, NT, TN, TT, read as
 stored), with or without a bias, on every CUDA arch Triton runs on
 (`declare.DEVICES`; CPU too, under the interpreter), except the calls a tileops-cuda GEMM serves
-(16-bit on sm_80 .. sm_90), where its refusal defers (`declare.deferral`). Candidates:
+(its cuBLAS key: every float call on every CUDA arch), where its refusal defers
+(`declare.deferral`). Candidates:
 `configs.candidates`, tuned once per build identity by `compile.tuned`; program: `programs`,
 called through `launch`.
 """
@@ -34,7 +35,7 @@ GEMM_FASTER: tuple[FasterRegion, ...] = ()
 
 class TritonGemm(Kernel, GemmInterface):
     """Every float16/bfloat16/float32 GEMM, any shape, on any CUDA device Triton runs on, except
-    the calls a tileops-cuda GEMM serves (16-bit on sm_80 .. sm_90), where it steps aside."""
+    the calls a tileops-cuda GEMM serves (cuBLAS or TileLang), where it steps aside."""
 
     devices = DEVICES
     supported_archs = None
