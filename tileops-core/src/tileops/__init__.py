@@ -32,6 +32,7 @@ from .ops import (
     AttentionFwdOp,
     AttentionVarlenFwdOp,
     BatchNormFwdOp,
+    GemmFwdOp,
     GemmOp,
     LayerNormFwdOp,
     RMSNormFwdOp,
@@ -45,7 +46,7 @@ __version__ = "0.1.0"
 
 # The catalogue's torch.library operators exist from import on, so that an exported program
 # holding `tileops::RMSNormFwdOp` loads in a fresh process.
-for _op in (BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp):
+for _op in (BatchNormFwdOp, GemmFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp):
     _library.operator(_op)
 for _op in (AttentionFwdOp, AttentionBwdOp, AttentionDecodeOp, AttentionVarlenFwdOp):
     _library.operator(_op)
@@ -66,6 +67,7 @@ __all__ = [
     "ControlError",
     "DeviceFacts",
     "Explanation",
+    "GemmFwdOp",
     "GemmOp",
     "Input",
     "Kernel",

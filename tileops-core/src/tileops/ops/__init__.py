@@ -19,7 +19,7 @@ from .attention import (
     AttentionVarlenFwdOp,
     AttentionVarlenInterface,
 )
-from .gemm import GemmCall, GemmInterface, GemmOp
+from .gemm import GemmCall, GemmFwdOp, GemmInterface, GemmOp
 from .norm import (
     BatchNormCall,
     BatchNormFwdOp,
@@ -55,6 +55,7 @@ __all__ = [
     "BatchNormInferInterface",
     "BatchNormTrainInterface",
     "GemmCall",
+    "GemmFwdOp",
     "GemmInterface",
     "GemmOp",
     "LayerNormCall",

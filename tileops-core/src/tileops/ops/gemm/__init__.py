@@ -1,0 +1,9 @@
+"""GEMM: `GemmOp` (with an optional bias, NN by default) and upstream TileOPs' `GemmFwdOp`
+(no bias, NT by default), importable from here as before and from `tileops.ops.gemm.gemm`,
+upstream's module."""
+
+from __future__ import annotations
+
+from .gemm import LAYOUTS, GemmCall, GemmFwdOp, GemmInterface, GemmOp, GemmReference
+
+__all__ = ["LAYOUTS", "GemmCall", "GemmFwdOp", "GemmInterface", "GemmOp", "GemmReference"]
