@@ -23,6 +23,7 @@ import torch
 from .errors import BackendError, OpDefinitionError, UnknownOpError
 from .provenance import Source
 
+
 class _Builtin(str):
     """The type of `BUILTIN`: one instance, compared by identity as upstream TileOPs' sentinel
     is. It is also the string "builtin", so code that passed that string keeps working (every
@@ -178,9 +179,7 @@ class Registry:
     # -- reads -------------------------------------------------------------------------------
     def kernel_types(self, op: type) -> dict[str, Registration]:
         owner = kernel_owner(op)
-        return {
-            s[2]: r for s, r in list(self._slots.items()) if s[0] == "kernel" and s[1] is owner
-        }
+        return {s[2]: r for s, r in list(self._slots.items()) if s[0] == "kernel" and s[1] is owner}
 
     @property
     def detectors(self) -> dict[str, Detector]:

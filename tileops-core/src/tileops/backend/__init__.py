@@ -24,7 +24,7 @@ from ..errors import (
     UnknownTargetError,
 )
 from ..kernel import Build, Kernel, KernelInterface
-from ..kernel_sets import check_registration
+from ..kernel_sets import check_registration, key_aliases
 from ..ops.norm.rms_norm import DEFAULT_EPS as RMS_NORM_DEFAULT_EPS
 from ..plugins import LOADER, PROTOCOL_VERSION, BackendInfo, LoadFailure, failure_note, hookimpl
 from ..provenance import caller_source
@@ -199,7 +199,10 @@ def key_serves(op: type | str, key: str, call: CallSpec) -> bool:
     another backend's serves, without knowing that backend's classes."""
     LOADER.ensure_loaded()
     op_cls = REGISTRY.op_class(op)
-    registration = REGISTRY.kernel_types(op_cls).get(key)
+    registered = REGISTRY.kernel_types(op_cls)
+    if key not in registered and key not in op_cls.kernel_types:
+        key = key_aliases(op_cls).get(key, key)  # upstream's name of the op's own kernel
+    registration = registered.get(key)
     cls = op_cls.kernel_types.get(key) or (registration and registration.cls)
     if cls is None:
         return False
