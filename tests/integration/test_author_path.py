@@ -14,7 +14,8 @@ OVERLAP = """
 warned = load_backends()
 import torch
 from tileops import TileOpsError
-from tileops.backend import default_target, load_failures, register_detector, register_kernel_builder
+from tileops.backend import default_target, load_failures
+from tileops.backend import register_detector, register_kernel_builder
 from tileops.ops import RMSNormFwdOp
 register_detector("other_cpu", lambda device: device.type == "cpu")
 register_kernel_builder("RMSNormFwdOp", "other_cpu", lambda x, w, **p: lambda x, w: x)
