@@ -209,3 +209,22 @@ def test_isolating_to_a_backend_that_is_not_loaded_is_refused():
     with pytest.raises(ValueError, match=r"'acme_typo' names no loaded backend; loaded: "):
         with isolated_registry(backends=["acme_typo"]):
             pass
+
+
+class WrongInTree(GoodRMSNorm):
+    """An op's own non-reference kernel, off by 1%: must not be compared with itself."""
+
+    def forward(self, x, weight):
+        return super().forward(x, weight) * 1.01
+
+
+class RMSNormWithOwnKernel(RMSNormFwdOp):
+    namespace = "conformance_test"
+    kernel_types = {**RMSNormFwdOp.kernel_types, "own_fast": WrongInTree}
+
+
+def test_an_in_tree_kernel_is_checked_in_place_against_the_general_kernel():
+    report = check_conformance(
+        RMSNormWithOwnKernel, kernel=("own_fast", WrongInTree), dtypes=[torch.float32]
+    )
+    assert report.checked == 3 and len(report.mismatches) == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import library as _library
+from .backward import BackwardCall, BackwardInterface, RecomputeBackward
 from .callspec import CallSpec
 from .control import pinned, prefer
 from .device import DeviceFacts
@@ -40,7 +41,7 @@ from .ops import (
 )
 from .record import Record, record
 from .requirements import Requirements
-from .signature import Input, Output, Signature, TensorSpec
+from .signature import BoundCall, Input, Output, Signature, TensorSpec
 
 __version__ = "0.1.0"
 
@@ -61,7 +62,10 @@ __all__ = [
     "AttentionFwdOp",
     "AttentionVarlenFwdOp",
     "BackendError",
+    "BackwardCall",
+    "BackwardInterface",
     "BatchNormFwdOp",
+    "BoundCall",
     "CallSpec",
     "CallSpecFieldError",
     "ControlError",
@@ -82,6 +86,7 @@ __all__ = [
     "OpNotAvailableError",
     "Output",
     "RMSNormFwdOp",
+    "RecomputeBackward",
     "Record",
     "Requirements",
     "Signature",
