@@ -9,8 +9,9 @@ Shape patterns are tuples of dims: an int is exact; a name binds a size that mus
 inputs (pre-bound when a param has that name); `"*name"` expands a tuple param; one `"..."`,
 anywhere, matches any number of dims (leading batch dims, or BatchNorm's trailing spatial
 dims), each input's own: two inputs of `("...", "n")` agree on n only. `Input("r", like="x")`
-is "same shape as x", whatever its rank. Dtypes may name another input: `"x"` means "same dtype as x", `"float32 or x"` also
-allows float32 parameters beside a 16-bit x (mixed precision); `same_dtype` groups inputs
+is "same shape as x", whatever its rank. Dtypes may name another input: `"x"` means "same
+dtype as x", `"float32 or x"` also allows float32 parameters beside a 16-bit x (mixed
+precision); `same_dtype` groups inputs
 that, when given, must share one dtype (LayerNorm's weight and bias: both x's, or both float32).
 Inputs are dense (strided) tensors: sparse and nested ones are refused by name.
 """
