@@ -57,8 +57,8 @@ def test_registered_targets_of_an_op_are_those_with_a_builder_for_it():
     register_detector(target="claims_nothing", detect=lambda device: False)
     register_kernel_builder(op="GemmFwdOp", target="builds_gemm", build_kernel=lambda *a, **k: 0)
     assert {"claims_nothing", "builds_gemm"} <= set(registered_targets())
-    assert registered_targets("GemmFwdOp") == ["builds_gemm"]
-    assert registered_targets(tileops.GemmFwdOp) == ["builds_gemm"]
+    assert "builds_gemm" in registered_targets("GemmFwdOp")
+    assert "claims_nothing" not in registered_targets(tileops.GemmFwdOp)
     assert "builds_gemm" not in registered_targets("RMSNormFwdOp")
 
 
