@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from pathlib import Path
 
 import nox
@@ -30,6 +31,9 @@ TEST_TOOLS = [
     "transformers>=5.17,<6",
     "import-linter>=2.17",
 ]
+UPSTREAM_STYLE_BACKEND = "tests/fixtures/upstream-style-backend"
+"""A backend written only to upstream TileOPs' protocol (issue 34): pip-installed for its own
+test run, into a folder of its own, since its detector claims the CPU."""
 SOURCES = [f"{d}/src" for d in DISTRIBUTIONS] + ["./examples/acme-backend/src"]
 """Where lint-imports finds the packages it checks (it reads them, it imports nothing)."""
 
@@ -69,7 +73,8 @@ def _requirements(extra: tuple[str, ...]) -> str:
 def tests(session: nox.Session) -> None:
     """The import contracts; then the whole test suite on CPU: core, integration and TileLang
     compile checks; then the Triton kernels under the interpreter and compiled for sm_90; then
-    the example backend's own tests."""
+    the example backend's own tests; then those of a backend written to upstream TileOPs'
+    protocol, pip-installed for that run alone; then `tileops audit`."""
     _install_project(session, *TEST_TOOLS)
     _lint_imports(session)
     pytest = ("pytest", "-q", "-p", "no:cacheprovider")
@@ -80,8 +85,27 @@ def tests(session: nox.Session) -> None:
     session.run(*pytest, "tests/triton/test_compile.py", *session.posargs)
     # A separate process: importing the example backend registers its kernels for good.
     session.run(*pytest, "examples/acme-backend/tests")
+    _upstream_style_backend(session, pytest)
     # Every op's calls on simulated GPUs: a gap or an ambiguity between kernels fails CI.
     session.run("tileops", "audit")
+
+
+def _upstream_style_backend(session: nox.Session, pytest: tuple[str, ...]) -> None:
+    """Install the upstream-style backend with pip into a folder outside the virtualenv and run
+    its own tests, unchanged, with only that folder added to the path: its entry point is found
+    there, and the core tests and `tileops audit` never see its CPU-claiming target."""
+    folder = Path(session.create_tmp()) / "upstream-style-backend"
+    shutil.rmtree(folder, ignore_errors=True)
+    options = ["--no-deps", "--no-build-isolation", "--target", str(folder)]
+    if session.venv_backend == "uv":  # uv's virtualenvs have no pip
+        python = str(Path(session.bin) / "python")
+        session.run(
+            "uv", "pip", "install", "--python", python, *options, UPSTREAM_STYLE_BACKEND,
+            external=True,
+        )  # fmt: skip
+    else:
+        session.run("python", "-m", "pip", "install", "--quiet", *options, UPSTREAM_STYLE_BACKEND)
+    session.run(*pytest, f"{UPSTREAM_STYLE_BACKEND}/tests", env={"PYTHONPATH": str(folder)})
 
 
 @nox.session

@@ -5,6 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+# Backends installed only for their own test process (noxfile.py): not part of this suite.
+collect_ignore = ["fixtures"]
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if torch.cuda.is_available():

@@ -128,7 +128,7 @@ def test_a_registration_that_would_close_a_preference_cycle_fails_at_registratio
 
 
 def test_target_names_are_checked(tileops_registry):
-    with pytest.raises(BackendError, match="'builtin' is reserved"):
+    with pytest.raises(BackendError, match=r"'builtin' \(BUILTIN\) is reserved"):
         register_detector(target=BUILTIN, detect=lambda device: False)
     with pytest.raises(BackendError, match="target must be a non-empty str"):
         register_detector(target="", detect=lambda device: False)

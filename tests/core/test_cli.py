@@ -152,5 +152,7 @@ def test_a_bogus_device_is_a_one_line_error():
     )
     assert result.returncode == 2
     assert result.stderr == (
-        "tileops: --device 'bogus' is not a torch device (e.g. cpu, cuda, cuda:0)\n"
+        "tileops: --device 'bogus' is not a torch device (e.g. cpu, cuda, cuda:0); a device "
+        "kind of its own reaches torch as privateuse1, once its backend names it with "
+        "torch.utils.rename_privateuse1_backend('bogus') (docs/backends.md)\n"
     )

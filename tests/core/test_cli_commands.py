@@ -70,9 +70,10 @@ def test_doctor_warns_about_a_misspelt_preference(capsys, monkeypatch):
         with isolated_registry():
             plant(a=rows_kernel("A", preferred_over={"bb"}), b=rows_kernel("B"))
             code, out, _ = run(capsys, "doctor")
-    assert code == 0  # warnings only
     assert "TILEOPS_LOG='dispatch'" in out
     assert "warning: cli_kit::RowsOp.rows: a is preferred over 'bb'" in out
+    # The typo left a and b tied: audit's sweep finds it, and doctor fails on it.
+    assert code == 1 and "ERROR: AMBIGUITY cli_kit::RowsOp.rows on cuda:0 sm_80" in out
 
 
 def test_warmup_builds_entries_shows_progress_and_sums_up(capsys, monkeypatch):

@@ -9,7 +9,7 @@ from tileops import BatchNormFwdOp, Kernel, RMSNormFwdOp, SoftmaxFwdOp
 from tileops.backend import register_detector, register_kernel_builder
 from tileops.ops import BatchNormInferInterface, SoftmaxInterface
 from tileops.ops.norm.rms_norm import RMSNormInterface
-from tileops.testing import check_conformance
+from tileops.testing import TOLERANCES, check_conformance, isolated_registry, simulate_device
 
 
 class GoodRMSNorm(Kernel, RMSNormInterface):
@@ -160,3 +160,71 @@ def test_a_target_corrupting_its_input_is_a_mismatch(tileops_registry):
     register_kernel_builder(op=SoftmaxFwdOp, target="zeroing", build_kernel=build)
     report = check_conformance(SoftmaxFwdOp, target="zeroing")
     assert "input 'x' was changed by the call" in str(report)
+
+
+class CudaRMSNorm(GoodRMSNorm):
+    """A CUDA kernel written in torch: its numerics can be checked on CPU tensors."""
+
+    devices = {"cuda"}
+    supported_archs = {90}
+
+    @classmethod
+    def refusal(cls, call):
+        return None if call.sm_count == 132 else f"tuned for 132 SMs, not {call.sm_count}"
+
+
+needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU-less path")
+
+
+@needs_no_gpu
+def test_a_cuda_kernel_is_checked_without_a_gpu_through_a_cpu_twin():
+    with simulate_device("cuda", arch=90, sm_count=132):
+        report = check_conformance(
+            RMSNormFwdOp, kernel=("cuda_rms", CudaRMSNorm), device="cuda", dtypes=[torch.float32]
+        )
+    assert report.ok and not report.not_served, str(report)
+    assert report.subject.endswith("(a CPU twin, the CPU simulated as cuda)")
+
+
+@needs_no_gpu
+def test_the_twin_sees_the_simulated_facts():
+    with simulate_device("cuda:0", arch=90, sm_count=100):
+        report = check_conformance(
+            RMSNormFwdOp, kernel=("cuda_rms", CudaRMSNorm), device="cuda:0", dtypes=[torch.float32]
+        )
+    assert not report.ok and report.checked == 0 and len(report.not_served) == 3
+
+
+@needs_no_gpu
+def test_cuda_conformance_without_a_gpu_or_a_simulation_says_what_to_do():
+    with pytest.raises(ValueError, match=r"no CUDA device.*simulate_device\('cuda', arch="):
+        check_conformance(RMSNormFwdOp, kernel=("cuda_rms", CudaRMSNorm), device="cuda")
+
+
+def test_float64_has_a_stated_tolerance():
+    assert TOLERANCES[torch.float64] == 1e-5 and set(TOLERANCES) >= {torch.float32, torch.float16}
+
+
+def test_isolating_to_a_backend_that_is_not_loaded_is_refused():
+    with pytest.raises(ValueError, match=r"'acme_typo' names no loaded backend; loaded: "):
+        with isolated_registry(backends=["acme_typo"]):
+            pass
+
+
+class WrongInTree(GoodRMSNorm):
+    """An op's own non-reference kernel, off by 1%: must not be compared with itself."""
+
+    def forward(self, x, weight):
+        return super().forward(x, weight) * 1.01
+
+
+class RMSNormWithOwnKernel(RMSNormFwdOp):
+    namespace = "conformance_test"
+    kernel_types = {**RMSNormFwdOp.kernel_types, "own_fast": WrongInTree}
+
+
+def test_an_in_tree_kernel_is_checked_in_place_against_the_general_kernel():
+    report = check_conformance(
+        RMSNormWithOwnKernel, kernel=("own_fast", WrongInTree), dtypes=[torch.float32]
+    )
+    assert report.checked == 3 and len(report.mismatches) == 3

@@ -89,7 +89,7 @@ def test_another_module_taking_an_op_name_is_refused():
     with pytest.raises(
         OpDefinitionError,
         match=r"op name 'tileops::GemmOp' of elsewhere.GemmOp is already taken by "
-        r"tileops.ops.gemm.GemmOp; declare another `namespace`",
+        r"tileops.ops.gemm.gemm.GemmOp; declare another `namespace`",
     ):
         type("GemmOp", (Op,), {"__module__": "elsewhere", "namespace": "tileops"})
     assert REGISTRY.known_ops["tileops::GemmOp"] is tileops.GemmOp

@@ -217,7 +217,7 @@ def test_a_target_without_a_builder_names_its_owner_why_and_both_ways_out(settle
         rf"no kernel builder for tileops::GemmOp: {why}\. There is no fall-back",
         message,
     ), message
-    assert "construct the op with target='builtin' (its own kernels) or another target" in message
+    assert "construct the op with target=BUILTIN (its own kernels) or another target" in message
     assert "change the process default with tileops.backend.set_default_target(...)" in message
 
 

@@ -35,6 +35,7 @@ DISTRIBUTIONS = {
     "borrower": HERE / "fixtures" / "borrower",
     "late": HERE / "fixtures" / "late",
     "setup": HERE / "fixtures" / "setup",
+    "torch_cpu": REPO / "tests" / "fixtures" / "upstream-style-backend",
 }
 """Short name -> source tree of every distribution the tests install."""
 
@@ -47,6 +48,7 @@ ENV_CONTROLS = (
     "TILEOPS_STRICT",
     "TILEOPS_TRITON_AUTOTUNE",
     "TILEOPS_LOG",
+    "TILEOPS_TARGET",
 )
 RESULT = "RESULT "
 

@@ -132,7 +132,7 @@ def test_target_acme_serves_only_op_instances_that_opt_in(sites: Sites) -> None:
         "settled on target 'acme' (acme-backend, entry point 'acme'), which registered no kernel "
         "builder for tileops::RMSNormFwdOp: it is the process default, set by module __main__"
     ) in result["error"]
-    assert "construct the op with target='builtin'" in result["error"]
+    assert "construct the op with target=BUILTIN" in result["error"]
     assert "tileops.backend.set_default_target(...)" in result["error"]
 
 

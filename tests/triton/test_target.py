@@ -172,3 +172,13 @@ def test_an_attention_op_settled_on_the_target_runs_its_torch_definition():
     want_out, want_lse = AttentionFwdOp(causal=True)(q, k, v)
     torch.testing.assert_close(out, want_out)
     torch.testing.assert_close(lse, want_lse)
+
+
+def test_gemm_fwd_op_is_built_by_the_target_as_gemm_without_bias() -> None:
+    from tileops import GemmFwdOp
+
+    a, b = torch.randn(33, 48), torch.randn(80, 48)  # NT by default: b is (n, k)
+    op = GemmFwdOp(target="triton")
+    got = op(a, b)
+    assert op.serving_target == "triton"
+    torch.testing.assert_close(got, a @ b.t(), rtol=1e-5, atol=1e-5)

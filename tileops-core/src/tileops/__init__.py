@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import library as _library
+from .backward import BackwardCall, BackwardInterface, RecomputeBackward
 from .callspec import CallSpec
 from .control import pinned, prefer
 from .device import DeviceFacts
@@ -32,6 +33,7 @@ from .ops import (
     AttentionFwdOp,
     AttentionVarlenFwdOp,
     BatchNormFwdOp,
+    GemmFwdOp,
     GemmOp,
     LayerNormFwdOp,
     RMSNormFwdOp,
@@ -39,13 +41,13 @@ from .ops import (
 )
 from .record import Record, record
 from .requirements import Requirements
-from .signature import Input, Output, Signature, TensorSpec
+from .signature import BoundCall, Input, Output, Signature, TensorSpec
 
 __version__ = "0.1.0"
 
 # The catalogue's torch.library operators exist from import on, so that an exported program
 # holding `tileops::RMSNormFwdOp` loads in a fresh process.
-for _op in (BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp):
+for _op in (BatchNormFwdOp, GemmFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp):
     _library.operator(_op)
 for _op in (AttentionFwdOp, AttentionBwdOp, AttentionDecodeOp, AttentionVarlenFwdOp):
     _library.operator(_op)
@@ -60,12 +62,16 @@ __all__ = [
     "AttentionFwdOp",
     "AttentionVarlenFwdOp",
     "BackendError",
+    "BackwardCall",
+    "BackwardInterface",
     "BatchNormFwdOp",
+    "BoundCall",
     "CallSpec",
     "CallSpecFieldError",
     "ControlError",
     "DeviceFacts",
     "Explanation",
+    "GemmFwdOp",
     "GemmOp",
     "Input",
     "Kernel",
@@ -80,6 +86,7 @@ __all__ = [
     "OpNotAvailableError",
     "Output",
     "RMSNormFwdOp",
+    "RecomputeBackward",
     "Record",
     "Requirements",
     "Signature",

@@ -20,9 +20,17 @@ class CallSpec:
     dicts or tensors). Decorating a subclass with `@dataclass(frozen=True)` as well is allowed
     and changes nothing. Device facts are properties read from `device` on demand: on the hit
     path nobody asks, so no device is queried.
+
+    `device=None` (or left out) means the current device, as upstream TileOPs has it: the
+    current CUDA device where torch sees one, else the CPU; it is resolved when the call spec
+    is made, so the spec always names a device. Device facts may also be stated
+    (`arch=90, sm_count=132`, plus `calibration`, `smem_budget`): selection then reads those
+    instead of the device's, which `explain` / `key_for` use to ask about a device the process
+    is not on; `kernel_for` refuses such a call spec, since what it builds is kept per device
+    (use `tileops.testing.simulate_device` to dispatch as another device).
     """
 
-    device: torch.device
+    device: torch.device | None = None
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -35,7 +43,17 @@ class CallSpec:
 
     @property
     def facts(self) -> DeviceFacts:
-        return device_facts(self.device)
+        stated = self.__dict__.get(_STATED)
+        if stated is None:
+            return device_facts(self.device)
+        if len(stated) == len(DEVICE_FACTS):
+            return DeviceFacts(**stated)
+        return dataclasses.replace(device_facts(self.device), **stated)
+
+    @property
+    def stated_device_facts(self) -> frozenset[str]:
+        """The device facts this call spec states rather than reads from its device."""
+        return frozenset(self.__dict__.get(_STATED, ()))
 
     @property
     def arch(self) -> int | None:
@@ -52,6 +70,28 @@ class CallSpec:
     @property
     def smem_budget(self) -> int:
         return self.facts.smem_budget
+
+
+DEVICE_FACTS = tuple(f.name for f in dataclasses.fields(DeviceFacts))
+_STATED = "_stated_device_facts"
+
+
+def current_device() -> torch.device:
+    """What `device=None` names: the current CUDA device where torch sees one, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _state_facts(call: CallSpec, stated: dict[str, object]) -> None:
+    unknown = sorted(set(stated) - set(DEVICE_FACTS))
+    if unknown:
+        raise TypeError(
+            f"{type(call).__name__}() got unexpected keyword argument(s) {', '.join(unknown)}; "
+            f"its fields are {', '.join(f.name for f in dataclasses.fields(call))}, and the "
+            f"device facts it may state are {', '.join(DEVICE_FACTS)}"
+        )
+    call.__dict__[_STATED] = stated
 
 
 def _frozen(self: CallSpec, name: str, *value: object) -> None:
@@ -75,7 +115,7 @@ def _fast_init(cls: type) -> Callable[..., None]:
     `object.__setattr__` per field and costs about twice as much.
     """
     fields = dataclasses.fields(cls)
-    namespace: dict[str, object] = {}
+    namespace: dict[str, object] = {"_current": current_device, "_state": _state_facts}
     params = []
     for field in fields:
         if field.default_factory is not dataclasses.MISSING:
@@ -86,9 +126,12 @@ def _fast_init(cls: type) -> Callable[..., None]:
             namespace[f"_default_{field.name}"] = field.default
             params.append(f"{field.name}=_default_{field.name}")
     body = [f"    fields[{f.name!r}] = {f.name}" for f in fields]
+    body += ["    if device is None:", "        fields['device'] = _current()"]
+    body += ["    if stated:", "        _state(self, stated)"]
     if hasattr(cls, "__post_init__"):
         body.append("    self.__post_init__()")
-    source = f"def __init__(self, *, {', '.join(params)}):\n    fields = self.__dict__\n"
+    signature = ", ".join([*params, "**stated"])
+    source = f"def __init__(self, *, {signature}):\n    fields = self.__dict__\n"
     exec(source + "\n".join(body), namespace)
     init = namespace["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"

@@ -7,6 +7,8 @@ Process-wide rules come from the environment, read once after the backends load:
     TILEOPS_PIN="RMSNormFwdOp.rms_norm=tilelang_block_row"   (no interface: where the key is)
     TILEOPS_STRICT=1   (a GPU call that only a `general` fallback serves raises; booleans
                         read by `env_flag`: 1/true/yes/on, 0/false/no/off, empty)
+    TILEOPS_TARGET=acme   (the process default target, where the program sets none: settles
+                           targets whose detectors overlap; `builtin` for the ops' own kernels)
 
 and from `prefer(...)` at run time. Like registrations, they shape the kernel tables of op
 instances constructed after them. Names that match nothing, and pins that conflict, are
@@ -20,6 +22,7 @@ simulates a device.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -28,14 +31,16 @@ from typing import TYPE_CHECKING, Any
 from . import observe
 from .errors import ControlError
 from .plugins import LOADER, LoadFailure
-from .provenance import caller_source
-from .registry import REGISTRY, RegistrationHandle
+from .provenance import Source, caller_source
+from .registry import BUILTIN, REGISTRY, RegistrationHandle
 from .scope import SCOPES
 
 if TYPE_CHECKING:
     from .op import Op
 
 DENY, PREFER, PIN = "TILEOPS_DENY", "TILEOPS_PREFER", "TILEOPS_PIN"
+TARGET = "TILEOPS_TARGET"
+TARGET_SOURCE = Source(f"the {TARGET} setting")
 
 
 @dataclass(frozen=True)
@@ -131,7 +136,9 @@ class Rules:
         for rule in self.rules:
             ops = [cls for cls in known_ops.values() if _names(cls, rule.op) and cls.interfaces]
             if not ops:
-                problems.append(f"{rule} names op {rule.op!r}, which no installed op has")
+                names = sorted({c.op_name.rpartition("::")[2] for c in known_ops.values()})
+                problem = f"{rule} names op {rule.op!r}, which no installed op has"
+                problems.append(problem + _did_you_mean(rule.op, names))
                 continue
             for op_cls in ops:
                 problem = _unmatched_on(rule, op_cls, keys_of(op_cls))
@@ -164,7 +171,10 @@ def _unmatched_on(rule: Rule, op_cls: type, installed: Collection[str]) -> str |
         )
     missing = [k for k in rule.keys if k not in installed]
     if missing:
-        return f"{rule} names key {missing[0]!r}, which no installed kernel of {op_cls.op_name} has"
+        return (
+            f"{rule} names key {missing[0]!r}, which no installed kernel of {op_cls.op_name} "
+            f"has{_did_you_mean(missing[0], sorted(installed))}"
+        )
     if rule.interface:
         there = _keys_on(op_cls, rule.interface)
         elsewhere = [k for k in rule.keys if k not in there]
@@ -175,6 +185,12 @@ def _unmatched_on(rule: Rule, op_cls: type, installed: Collection[str]) -> str |
                 f"{', '.join(sorted(there)) or 'none'})"
             )
     return None
+
+
+def _did_you_mean(name: str, known: list[str]) -> str:
+    """'; a typo? did you mean 'x'?' when `name` is close to one of `known`, else ''."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f" (a typo? did you mean {close[0]!r}?)" if close else ""
 
 
 def _keys_on(op_cls: type, interface: str) -> set[str]:
@@ -318,4 +334,23 @@ def _check_operator_settings() -> list[LoadFailure]:
     return [LoadFailure(origin, "operator setting", problem) for origin, problem in problems]
 
 
+def _apply_target_setting() -> list[LoadFailure]:
+    """Make TILEOPS_TARGET the process default target once every backend is in, unless the
+    program set one already (`set_default_target` wins: it is in the code); a name that no
+    backend registered is reported, with the close match, and ignored."""
+    name = os.environ.get(TARGET, "").strip()
+    if not name or REGISTRY.default is not None:
+        return []
+    known = REGISTRY.targets()
+    if name != BUILTIN and name not in known:
+        problem = (
+            f"{TARGET}={name!r} names no registered target; known targets: "
+            f"{', '.join(known) or 'none'} (and {str(BUILTIN)!r} for the ops' own kernels)"
+        )
+        return [LoadFailure(TARGET, "operator setting", problem + _did_you_mean(name, known))]
+    REGISTRY.set_default_target(name, TARGET_SOURCE)
+    return []
+
+
 LOADER.on_loaded(_check_operator_settings)
+LOADER.on_loaded(_apply_target_setting)

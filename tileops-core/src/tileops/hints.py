@@ -1,7 +1,7 @@
 """Declarations that are valid yet probably mistakes, said where people look for them.
 
 Two slips pass every check because each is legal on its own: a `preferred_over` naming a key
-that is not installed (a typo, or a backend that is absent: the preference is then ignored),
+that is not installed but close to one that is (a likely typo: the preference is ignored),
 and a kernel class that never declares `devices`, so it runs on CUDA only (a CPU kernel
 written that way is never chosen). `explain`, `doctor` and `audit` all report them from here.
 """
@@ -34,21 +34,22 @@ class Hint:
 
 
 def dangling_preferences(op: str, interface: str, candidates: Iterable[Candidate]) -> list[Hint]:
-    """Preferences naming keys that no installed kernel of `interface` has."""
+    """Preferences that are likely typos: naming a key no installed kernel of `interface` has,
+    but close to one that is installed. A preference over a key that is simply absent (another
+    distribution's, not installed here) is what `preferred_over` is for and says nothing: it
+    takes effect when that distribution is installed."""
     candidates = list(candidates)
     installed = {c.key for c in candidates}
     hints = []
     for cand in candidates:
-        for missing in sorted(cand.cls.preferred_over - installed):
+        for missing in sorted(cand.preferred - installed):
             close = difflib.get_close_matches(missing, sorted(installed - {cand.key}), n=1)
-            advice = (
-                f"did you mean {close[0]!r}?"
-                if close
-                else "a misspelt key is ignored silently: check it, or install its backend"
-            )
+            if not close:
+                continue
             text = (
                 f"{cand.key} is preferred over {missing!r}, which is not installed "
-                f"(declared by {cand.source}); {advice}"
+                f"(declared by {cand.source}); did you mean {close[0]!r}? (a preference over "
+                "an absent key is ignored)"
             )
             hints.append(Hint(op, interface, cand.key, text))
     return hints

@@ -27,7 +27,24 @@ _SET_DECLARATIONS = ("devices", "supported_archs", "preferred_over")
 
 
 class KernelInterface:
-    """A place where an op calls a kernel. Subclasses declare `forward(...)`: the contract."""
+    """A place where an op calls a kernel. Subclasses declare `forward(...)`: the contract, and
+    `call_spec`: the class of the call specs it is dispatched with. Upstream TileOPs names that
+    class `request`; either spelling may be declared, and both read the same class."""
+
+    call_spec: ClassVar[type | None] = None
+    request: ClassVar[type | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own_spec, own_request = cls.__dict__.get("call_spec"), cls.__dict__.get("request")
+        if own_spec is not None and own_request is not None and own_spec is not own_request:
+            raise KernelDeclarationError(
+                f"kernel interface {cls.__qualname__!r} declares call_spec = "
+                f"{own_spec.__name__} and request = {own_request.__name__}; they name one "
+                "class (request is upstream's spelling of call_spec): declare one of them"
+            )
+        spec = own_spec or own_request or cls.call_spec or cls.request
+        cls.call_spec = cls.request = spec
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__}.forward is not implemented")
@@ -69,9 +86,29 @@ class Kernel:
         """The build identity for `call` and a function that builds the entry.
 
         The identity alone decides sharing: put in it exactly what changes the built code.
-        The default builds one instance of the class, shared by every call that picks it.
+        The default follows the class's constructor: one that takes the call
+        (`__init__(self, call)`, upstream TileOPs' default) is built from each call, the call
+        itself its identity; one that takes no argument is built once and shared by every
+        call that picks it, identity `()`.
         """
+        if takes_the_call(cls):
+            return call, lambda: cls(call)
         return (), cls
+
+
+def takes_the_call(cls: type) -> bool:
+    """Whether `cls(call)` is how `cls` is built: its `__init__` takes one positional argument
+    besides self (what upstream's default `entry_for` builds with), rather than none."""
+    init = cls.__init__
+    if init is object.__init__:
+        return False
+    try:
+        params = list(inspect.signature(init).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p for p in params if p.kind in positional and p.default is p.empty]
+    return len(required) == 1
 
 
 def check_declarations(cls: type, where: str) -> None:

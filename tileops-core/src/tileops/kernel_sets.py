@@ -37,15 +37,30 @@ def candidates_of(
                 source=reg.source,
             )
         keyed[key] = (reg.cls, reg.source)
+    aliases = {a: k for a, k in key_aliases(op_cls).items() if a not in keyed}
     grouped: dict[str, list[Candidate]] = {name: [] for name in op_cls.interfaces}
     for key in sorted(keyed):
         cls, source = keyed[key]
         where = f"{op_cls.op_name}: kernel {key!r} ({_name(cls)!r} from {source})"
         for name in interfaces_implemented(op_cls.interfaces, cls, where):
-            grouped[name].append(Candidate(key, cls, str(source)))
+            grouped[name].append(Candidate(key, cls, str(source), aliases))
     for name, cands in grouped.items():
         _validate_preferences(op_cls, name, cands)
     return {name: tuple(cands) for name, cands in grouped.items()}
+
+
+def key_aliases(op_cls: type) -> dict[str, str]:
+    """Upstream TileOPs names an op's in-tree kernel after its interface (`layer_norm`,
+    `rms_norm`, `gemm`); here the op's own kernel of an interface has its own key
+    (`reference`). Each interface name with exactly one own kernel is another name of that
+    key, so a backend written for upstream can say `preferred_over = {"layer_norm"}` or ask
+    `key_serves(op, "layer_norm", call)`. A key a backend registers under that name wins."""
+    aliases = {}
+    for name, interface in op_cls.interfaces.items():
+        own = [k for k, cls in op_cls.kernel_types.items() if issubclass(cls, interface)]
+        if len(own) == 1 and name not in op_cls.kernel_types:
+            aliases[name] = own[0]
+    return aliases
 
 
 def check_registration(

@@ -7,18 +7,19 @@ The op's own path is `forward`, which picks a kernel interface by semantics and 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
 
 from .autocast import agreeing, autocast_policy
-from .callspec import CallSpec, check_fields
-from .errors import BackendError, OpInputError, add_note
+from .callspec import _STATED, CallSpec, check_fields
+from .errors import BackendError, CallSpecFieldError, OpInputError, add_note
 from .explanation import Explanation
 from .kernel import Kernel, KernelInterface
 from .plugins import LOADER
-from .registry import BUILTIN, REGISTRY
+from .registry import BUILTIN, REGISTRY, as_target
 from .samples import Case
 from .scope import SCOPES, current_variant
 from .signature import BoundCall, ShapePlan, Signature
@@ -55,8 +56,10 @@ class Op:
 
     def __init__(self, *, target: str | None = None) -> None:
         if target is not None and not isinstance(target, str):
-            raise TypeError(f"target must be a target name or None, got {type(target).__name__}")
-        self.target = target
+            raise TypeError(
+                f"target must be a target name, BUILTIN or None, got {type(target).__name__}"
+            )
+        self.target = as_target(target)
         if not torch.compiler.is_compiling():  # traced, it calls its operator: nothing to attach
             self._attach()
 
@@ -103,6 +106,8 @@ class Op:
             check_fields(call)
             raise
         if entry is None:
+            if _STATED in call.__dict__:
+                raise _stated_facts_refused(type(self).op_name, interface, call)
             entry = self._table.resolve(interface, call)
         return entry
 
@@ -272,6 +277,31 @@ class Op:
         """The target this instance settled on (BUILTIN for its own kernels), None before."""
         return self._settled
 
+    @property
+    def serving_target(self) -> str | None:
+        """Upstream TileOPs' name of `settled_target`: None before the first call that runs a
+        kernel, BUILTIN for the op's own kernels, else the target's name."""
+        return self._settled
+
+    def built_entries(self, interface: str) -> Mapping[Hashable, Any]:
+        """A read-only view of what has been built for `interface`, for tests and reports
+        (never for dispatch: `kernel_for` builds on a miss). An instance settled on a target
+        shows that target's kernels, keyed by (device, then per input (dtype, shape) or None),
+        whatever the interface, as upstream does (a target serves the whole op); otherwise the
+        op's own entries for `interface`, keyed by (kernel class, build identity): shared by
+        every instance of the op class, as the entries themselves are."""
+        if interface not in self.interfaces:
+            raise KeyError(
+                f"{type(self).op_name} has no interface {interface!r}; its interfaces: "
+                f"{', '.join(self.interfaces)}"
+            )
+        if self._settled not in (None, BUILTIN):
+            return MappingProxyType(
+                {(k[1], *k[2]): kernel for k, (kernel, _) in list(self._target_kernels.items())}
+            )
+        entries = list(self._table.shared.entries.items())
+        return MappingProxyType({(c, i): e for (f, c, i), e in entries if f == interface})
+
     def _first_call(self, call: BoundCall) -> Any:
         with self._settle_lock:
             if self._settled is not None:
@@ -285,6 +315,19 @@ class Op:
         if target == BUILTIN:
             return self.forward(*call.tensors)
         return run_target(self, target, call)
+
+
+def _stated_facts_refused(op: str, interface: str, call: CallSpec) -> CallSpecFieldError:
+    stated = ", ".join(sorted(call.stated_device_facts))
+    return CallSpecFieldError(
+        f"{op}.{interface}: kernel_for reads the device facts from the call's device, but this "
+        f"{type(call).__name__} states {stated}; a call spec with stated facts is for key_for() "
+        "and explain() (asking about another device); to run as another device use "
+        "tileops.testing.simulate_device",
+        op=op,
+        interface=interface,
+        call=call,
+    )
 
 
 _DISPATCH_STATE = frozenset(

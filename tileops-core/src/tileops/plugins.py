@@ -253,7 +253,11 @@ class BackendLoader:
     def _fail(self, entry_point: str, distribution: str, error: str) -> None:
         failure = LoadFailure(entry_point, distribution, error)
         self.failures.append(failure)
-        warnings.warn(f"tileops backend not loaded: {failure}", RuntimeWarning, stacklevel=4)
+        if distribution == "operator setting":  # the operator's typo, no backend's failure
+            message = f"tileops: an operator setting is ignored: {error}"
+        else:
+            message = f"tileops backend not loaded: {failure}"
+        warnings.warn(message, RuntimeWarning, stacklevel=4)
 
 
 def _enter(ep: EntryPoint) -> Any:

@@ -10,13 +10,28 @@ from typing import Any
 
 import pytest
 
+BACKENDS_OPTION = "tileops_backends"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        BACKENDS_OPTION,
+        type="args",
+        default=[],
+        help="tileops_registry isolates each test to these backends (entry point or "
+        "distribution names): other installed backends' registrations are withdrawn for it",
+    )
+
 
 @pytest.fixture
-def tileops_registry() -> Iterator[None]:
-    """Every registration and default-target change made in the test is undone after it."""
+def tileops_registry(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every registration and default-target change made in the test is undone after it.
+    With the ini option `tileops_backends = acme` (your entry point), the test also sees only
+    that backend's registrations (and the ops' own kernels), whatever else is installed."""
     from tileops.testing import isolated_registry
 
-    with isolated_registry():
+    backends = request.config.getini(BACKENDS_OPTION) or None
+    with isolated_registry(backends=backends):
         yield
 
 

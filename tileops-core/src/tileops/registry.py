@@ -23,8 +23,34 @@ import torch
 from .errors import BackendError, OpDefinitionError, UnknownOpError
 from .provenance import Source
 
-BUILTIN = "builtin"
-"""Target name that forces an op's own implementations even where a target claims the device."""
+
+class _Builtin(str):
+    """The type of `BUILTIN`: one instance, compared by identity as upstream TileOPs' sentinel
+    is. It is also the string "builtin", so code that passed that string keeps working (every
+    entry point turns the string into the sentinel, see `as_target`)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "BUILTIN"
+
+    def __reduce__(self) -> str:
+        return "BUILTIN"  # unpickles as the module's one instance
+
+
+BUILTIN = _Builtin("builtin")
+"""Not a target name: forces an op's own implementations even where a target claims the device."""
+
+
+def as_target(target: object) -> object:
+    """`target` with the string "builtin" made the `BUILTIN` sentinel; anything else as given."""
+    return BUILTIN if target == BUILTIN else target
+
+
+def kernel_owner(op: type) -> type:
+    """The op class whose kernel registrations `op` uses: its `kernels_of` (an op that is
+    another op under upstream's name and defaults, `GemmFwdOp`), else itself."""
+    return getattr(op, "kernels_of", None) or op
 
 
 @dataclass(frozen=True)
@@ -152,7 +178,8 @@ class Registry:
 
     # -- reads -------------------------------------------------------------------------------
     def kernel_types(self, op: type) -> dict[str, Registration]:
-        return {s[2]: r for s, r in list(self._slots.items()) if s[0] == "kernel" and s[1] is op}
+        owner = kernel_owner(op)
+        return {s[2]: r for s, r in list(self._slots.items()) if s[0] == "kernel" and s[1] is owner}
 
     @property
     def detectors(self) -> dict[str, Detector]:
@@ -214,14 +241,14 @@ class Registry:
     def set_default_target(self, target: str | None, source: Source) -> None:
         with self.lock:
             self._admit(_DEFAULT, source)
-            self._set(_DEFAULT, DefaultTarget(target, source))
+            self._set(_DEFAULT, DefaultTarget(as_target(target), source))
 
     def withdraw_kernel_types(self, op: type) -> None:
         """Remove every kernel type backends registered for `op`; for use inside a transaction
         (the conformance check computes expected values with the op's own kernels only)."""
         with self.lock:
             for key in self.kernel_types(op):
-                self._set(("kernel", op, key), None)
+                self._set(("kernel", kernel_owner(op), key), None)
 
     def withdraw_source(self, source: Source) -> int:
         """Remove everything `source` registered (from any thread); returns how many."""

@@ -9,7 +9,7 @@ a relation, so the outcome never depends on declaration order.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .callspec import CallSpec
 from .errors import (
@@ -54,6 +54,13 @@ class Candidate:
     key: str
     cls: type[Kernel]
     source: str
+    aliases: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    """Other names of the op's own keys (see `kernel_sets.key_aliases`)."""
+
+    @property
+    def preferred(self) -> frozenset[str]:
+        """The keys this one is declared preferred over, aliases resolved."""
+        return frozenset(self.aliases.get(k, k) for k in self.cls.preferred_over)
 
 
 @dataclass(frozen=True)
@@ -125,7 +132,7 @@ def _direct(
     candidates: Iterable[Candidate], edges: Mapping[tuple[str, str], str]
 ) -> dict[str, set[str]]:
     """Each key's declared `preferred_over`, plus the operator's edges between installed keys."""
-    direct = {c.key: set(c.cls.preferred_over) for c in candidates}
+    direct = {c.key: set(c.preferred) for c in candidates}
     for winner, loser in edges:
         if winner in direct:
             direct[winner].add(loser)

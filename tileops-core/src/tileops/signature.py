@@ -8,8 +8,10 @@ buffers handed to targets, and the `TensorSpec`s target builders receive.
 Shape patterns are tuples of dims: an int is exact; a name binds a size that must agree across
 inputs (pre-bound when a param has that name); `"*name"` expands a tuple param; one `"..."`,
 anywhere, matches any number of dims (leading batch dims, or BatchNorm's trailing spatial
-dims). Dtypes may name another input: `"x"` means "same dtype as x", `"float32 or x"` also
-allows float32 parameters beside a 16-bit x (mixed precision); `same_dtype` groups inputs
+dims), each input's own: two inputs of `("...", "n")` agree on n only. `Input("r", like="x")`
+is "same shape as x", whatever its rank. Dtypes may name another input: `"x"` means "same
+dtype as x", `"float32 or x"` also allows float32 parameters beside a 16-bit x (mixed
+precision); `same_dtype` groups inputs
 that, when given, must share one dtype (LayerNorm's weight and bias: both x's, or both float32).
 Inputs are dense (strided) tensors: sparse and nested ones are refused by name.
 """
@@ -58,13 +60,23 @@ class Input:
     """
 
     name: str
-    shape: tuple[Dim, ...]
+    shape: tuple[Dim, ...] = ()
     dtypes: tuple[torch.dtype | str, ...] = FLOAT_DTYPES
     optional: bool = False
     written: bool = False
     contiguous: bool = False
     device: str | None = None  # "cpu": stays on the host whatever the call device
     differentiable: bool = True
+    like: str | None = None
+    """`like="x"`: same shape as input x, whatever its rank (leave `shape` out)."""
+
+    def __post_init__(self) -> None:
+        if self.like is not None:
+            if self.shape:
+                raise ValueError(
+                    f"signature input {self.name!r}: give a shape pattern or like=, not both"
+                )
+            object.__setattr__(self, "shape", (BATCH,))  # any rank; `like` checks the rest
 
 
 @dataclass(frozen=True)
@@ -140,6 +152,15 @@ class Signature:
             ref = out.like if out.like is not None else out.dtype_of
             if ref not in self._positions:
                 raise ValueError(f"signature output {out.name!r} refers to unknown input {ref!r}")
+        for spec in self.inputs:
+            if (
+                spec.like is not None
+                and self._positions.get(spec.like, len(self.inputs)) >= (self._positions[spec.name])
+            ):
+                raise ValueError(
+                    f"signature input {spec.name!r}: like={spec.like!r} must name an input "
+                    "listed before it"
+                )
         unknown = [n for group in self.same_dtype for n in group if n not in self._positions]
         if unknown:
             raise ValueError(f"signature same_dtype names unknown inputs {unknown}")
@@ -295,6 +316,14 @@ class Signature:
         for k, (pattern, value) in enumerate(zip(plan.patterns, values, strict=True)):
             if value is not None and not pattern.match(value.shape, sizes):
                 raise self._shape_error(op, k, values, plan)
+        for spec, value in zip(self.inputs, values, strict=True):
+            if spec.like is not None and value is not None:
+                other = values[self._positions[spec.like]]
+                if other is not None and value.shape != other.shape:
+                    raise OpInputError(
+                        f"{op}(): argument {spec.name!r} has shape {list(value.shape)}, expected "
+                        f"the shape of {spec.like!r}, {list(other.shape)}"
+                    )
         return sizes
 
     def _shape_error(self, op: str, k: int, values: tuple, plan: ShapePlan) -> OpInputError:

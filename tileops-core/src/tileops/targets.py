@@ -77,26 +77,37 @@ def run_target(op: Op, target: str, call: BoundCall) -> Any:
     built = op._target_kernels.get(key)
     if built is None:
         built = _build_kernel(op, builder, key, inputs)
-    kernel, names_outputs = built
+    kernel, passing = built
     outputs = op.signature.make_outputs(call)
     try:
-        returned = kernel(*inputs, **outputs)
+        returned = kernel(*inputs, **outputs) if passing is not RETURNS else kernel(*inputs)
     except Exception as exc:
         add_note(exc, f"raised by the kernel of target {target!r} [{builder.source}] for {name}")
         raise
-    if returned is None and names_outputs:  # it wrote the buffers it takes by name
+    if returned is None and passing is NAMED:  # it wrote the buffers it takes by name
         return result_of(outputs)
     where = f"the kernel of target {target!r} [{builder.source}] for {name}"
     fields = {"op": name, "target": target, "source": builder.source}
     named_inputs = dict(zip(op.signature.names, inputs, strict=True))
-    return result_of(_returned_outputs(where, fields, returned, outputs, named_inputs))
+    return result_of(_returned_outputs(where, fields, returned, outputs, named_inputs, passing))
+
+
+NAMED, KWARGS, RETURNS = "named", "kwargs", "returns"
+"""How a target kernel gets its output buffers: by name (a None it returns means it wrote
+them), through **kwargs (it must return its result), or not at all (it takes only the inputs,
+as upstream TileOPs' kernels do, and returns its result)."""
+
+
+_HOW_TAKEN = {
+    KWARGS: "only through **kwargs (or has a signature Python cannot read)",
+    RETURNS: "not at all (it is called with the inputs alone)",
+}
 
 
 def _build_kernel(
     op: Op, builder: Any, key: tuple, inputs: tuple[torch.Tensor | None, ...]
-) -> tuple[Callable[..., Any], bool]:
-    """The kernel built for `key`, and whether its signature names every output buffer
-    (what lets a None it returns mean "written", see `_returned_outputs`)."""
+) -> tuple[Callable[..., Any], str]:
+    """The kernel built for `key`, and how it takes its output buffers (`output_passing`)."""
     with op._target_lock:
         built = op._target_kernels.get(key)
         if built is None:
@@ -108,7 +119,7 @@ def _build_kernel(
                 add_note(exc, f"{note} for {builder.op.op_name} on {specs}")
                 raise
             names = [out.name for out in op.signature.outputs]
-            built = kernel, _names_every_output(kernel, names)
+            built = kernel, output_passing(kernel, names)
             remember(op._target_kernels, key, built, HIT_LIMIT)
         return built
 
@@ -122,17 +133,23 @@ def _inputs(op: Op, call: BoundCall) -> tuple[torch.Tensor | None, ...]:
     )
 
 
-def _names_every_output(kernel: Callable[..., Any], names: list[str]) -> bool:
-    """Whether `kernel` takes each output buffer by its name: only then is a None it returns
-    taken to mean it wrote them. One that takes them through `**kwargs` alone may never look at
-    them, and a buffer it did not write is uninitialised memory; nothing after the call can
-    tell (a GPU kernel writes memory torch does not see). An unreadable signature names none."""
+def output_passing(kernel: Callable[..., Any], names: list[str]) -> str:
+    """How `kernel` takes the output buffers `names`: NAMED when it takes each by its name
+    (only then is a None it returns taken to mean it wrote them), KWARGS when it takes keyword
+    arguments it does not name (it may never look at them, and a buffer it did not write is
+    uninitialised memory nothing after the call can detect, so it must return its result),
+    RETURNS when it takes none of them (it is called with the inputs alone). An unreadable
+    signature is taken as KWARGS: it gets the buffers, and must return its result."""
     try:
         parameters = inspect.signature(kernel).parameters
     except (TypeError, ValueError):
-        return False
+        return KWARGS
     by_name = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    return all(n in parameters and parameters[n].kind in by_name for n in names)
+    if all(n in parameters and parameters[n].kind in by_name for n in names):
+        return NAMED
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return KWARGS
+    return RETURNS
 
 
 def _returned_outputs(
@@ -141,6 +158,7 @@ def _returned_outputs(
     returned: Any,
     buffers: dict[str, torch.Tensor],
     inputs: dict[str, Any],
+    passing: str = "kwargs",
 ) -> dict[str, torch.Tensor]:
     """The outputs a target kernel returned, in place of the buffers it was handed: a tensor
     (a tuple of them, in signature order, for several outputs), each of its buffer's shape,
@@ -149,9 +167,9 @@ def _returned_outputs(
     names = list(buffers)
     if returned is None:
         raise BackendError(
-            f"{where} returned None, but takes its output buffers ({', '.join(names)}) only "
-            "through **kwargs (or has a signature Python cannot read), so nothing says it wrote "
-            f"them: return the result, or name {', '.join(names)} as parameters of the kernel "
+            f"{where} returned None, but takes its output buffers ({', '.join(names)}) "
+            f"{_HOW_TAKEN[passing]}, so nothing says it wrote them: return the result, or name "
+            f"{', '.join(names)} as parameters of the kernel "
             "(`def kernel(x, *, out)`) and write them in place",
             **fields,
         )

@@ -11,11 +11,13 @@ from typing import Any
 import torch
 
 from .backend import register_kernel_type
-from .device import DeviceFacts, Simulation, simulating
+from .control import pinned
+from .device import SIMULATED, DeviceFacts, Simulation, simulating
 from .kernel import Kernel
 from .op import Op
 from .ops._common import sample_case
 from .plugins import LOADER
+from .provenance import Source
 from .registry import BUILTIN, REGISTRY
 from .samples import Case
 
@@ -25,15 +27,22 @@ __all__ = [
     "Simulation",
     "case",
     "check_conformance",
+    "cpu_twin",
     "isolated_registry",
     "simulate_device",
 ]
 
 
 @contextlib.contextmanager
-def isolated_registry() -> Iterator[None]:
+def isolated_registry(backends: Iterable[str] | None = None) -> Iterator[None]:
     """Undo, on exit, every registration, operator preference and default-target change made
     inside, in this thread or task (and threads run in a copy of its context).
+
+    `backends` (entry point or distribution names): inside the block, only these backends'
+    registrations stand; every other installed backend's are withdrawn, and return on exit.
+    A backend's tests then see the registry they would see were it installed alone, whatever
+    else the machine has installed (another target claiming the same device, another key
+    tying with theirs). The ops' own kernels always stay.
 
     The registry is process-wide, and so is this block: what is registered inside is seen by
     every thread while the block lasts, and what other threads register meanwhile is theirs and
@@ -43,7 +52,25 @@ def isolated_registry() -> Iterator[None]:
     """
     LOADER.ensure_loaded()
     with REGISTRY.transaction(always_undo=True):
+        if backends is not None:
+            _keep_only(backends)
         yield
+
+
+def _keep_only(backends: Iterable[str]) -> None:
+    """Withdraw the registrations of every loaded backend not named in `backends`."""
+    wanted = {backends} if isinstance(backends, str) else set(backends)
+    loaded = LOADER.infos.values()
+    known = {b.entry_point for b in loaded} | {b.distribution for b in loaded}
+    unknown = sorted(wanted - known)
+    if unknown:
+        raise ValueError(
+            f"isolated_registry(backends=...): {', '.join(map(repr, unknown))} names no loaded "
+            f"backend; loaded: {', '.join(sorted(b.entry_point for b in loaded)) or 'none'}"
+        )
+    for info in loaded:
+        if info.entry_point not in wanted and info.distribution not in wanted:
+            REGISTRY.withdraw_source(Source(info.distribution, info.entry_point))
 
 
 @contextlib.contextmanager
@@ -76,7 +103,7 @@ class Mismatch:
     detail: str
 
     def __str__(self) -> str:
-        return f"{self.case} [{str(self.dtype).replace('torch.', '')}]: {self.detail}"
+        return f"{self.case} [{_dtype_name(self.dtype)}]: {self.detail}"
 
 
 @dataclass
@@ -101,7 +128,14 @@ class ConformanceReport:
         return "\n".join(lines)
 
 
-TOLERANCES = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+TOLERANCES = {
+    torch.float64: 1e-5,
+    torch.float32: 1e-4,
+    torch.float16: 1e-2,
+    torch.bfloat16: 2e-2,
+}
+"""Absolute and relative tolerance per dtype of `check_conformance`'s comparisons (float64:
+loose enough for a kernel that computes a float64 call in float32 and rounds once)."""
 
 
 def check_conformance(
@@ -125,9 +159,34 @@ def check_conformance(
     autograd.
     The op's sample cases are few and small and reach none of your kernel's refusal
     boundaries: pass `cases` (see `case()`) on both sides of each boundary you declare.
+
+    Without a GPU, `device="cuda"` inside `simulate_device("cuda", ...)` checks a kernel's
+    numerics on the CPU: the kit builds a CPU twin of the class (the same class, declared for
+    `cpu` too) and runs it on CPU tensors, with the CPU simulated as that GPU (same arch, SM
+    count...), so refusals and build identities see the facts they would on it. That runs the
+    kernel's Python: right for a kernel written in torch, or in Triton under
+    `TRITON_INTERPRET=1`; a compiled CUDA kernel needs the GPU.
     """
     if (kernel is None) == (target is None):
         raise ValueError("check_conformance: pass exactly one of kernel=(key, cls) or target=")
+    twin = _cpu_twin_simulation(kernel, torch.device(device))
+    if twin is not None:
+        key, cls = kernel
+        if op_cls.kernel_types.get(key) is cls:  # an in-tree kernel: its twin needs a key
+            key = f"{key}_cpu_twin"
+        facts = twin.facts
+        with simulate_device(
+            "cpu",
+            arch=facts.arch,
+            sm_count=facts.sm_count,
+            calibration=facts.calibration,
+            smem_budget=facts.smem_budget,
+        ):
+            report = check_conformance(
+                op_cls, kernel=(key, cpu_twin(cls)), dtypes=dtypes, cases=cases
+            )
+        report.subject += f" (a CPU twin, the CPU simulated as {twin.device})"
+        return report
     subject = f"{op_cls.op_name} via " + (
         f"kernel {kernel[0]!r}" if kernel else f"target {target!r}"
     )
@@ -135,14 +194,18 @@ def check_conformance(
     every = [*op_cls.sample_cases(), *cases]
     calls = [(c, d) for c in every for d in dtypes or _dtypes(op_cls, c)]
     cpu = torch.device("cpu")
+    in_tree = kernel is not None and op_cls.kernel_types.get(kernel[0]) is kernel[1]
     with isolated_registry():
-        # Expected values come from the op's own kernels alone: withdraw what backends added
-        # (the kernel under test may be installed already), then register the kernel under test.
+        # Expected values come from the op's own general (reference) kernels alone: withdraw
+        # what backends added (the kernel under test may be installed already) and pin the
+        # general kernels (an in-tree kernel under test is one of the op's own), then register
+        # the kernel under test, unless it is the op's own already (checked in place).
         REGISTRY.withdraw_kernel_types(op_cls)
-        expected = [
-            _run(op_cls(**c.params, target=BUILTIN), _cast(c.inputs, d, cpu)) for c, d in calls
-        ]
-        if kernel is not None:
+        with _general_kernels_only(op_cls):
+            expected = [
+                _run(op_cls(**c.params, target=BUILTIN), _cast(c.inputs, d, cpu)) for c, d in calls
+            ]
+        if kernel is not None and not in_tree:
             register_kernel_type(op_cls, *kernel)
         for (case, dtype), want in zip(calls, expected, strict=False):
             op = op_cls(**case.params, target=target or BUILTIN)
@@ -151,13 +214,58 @@ def check_conformance(
             before = _cast(inputs, dtype, torch.device(device))
             got = _run(op, inputs)
             if served is not None and kernel[0] not in served:
-                report.not_served.append(case.describe())
+                report.not_served.append(f"{case.describe()} [{_dtype_name(dtype)}]")
                 continue
             report.checked += 1
             _compare(case, dtype, got, want, report)
             for detail in _input_problems(op, inputs, before, got[: len(op.signature.outputs)]):
                 report.mismatches.append(Mismatch(case.describe(), dtype, detail))
     return report
+
+
+@contextlib.contextmanager
+def _general_kernels_only(op_cls: type[Op]) -> Iterator[None]:
+    """Pin each interface of `op_cls` that has a general kernel of its own to that kernel."""
+    with contextlib.ExitStack() as stack:
+        for name, interface in op_cls.interfaces.items():
+            general = [
+                key
+                for key, cls in op_cls.kernel_types.items()
+                if issubclass(cls, interface) and cls.general
+            ]
+            if general:
+                stack.enter_context(pinned(op_cls, name, general[0]))
+        yield
+
+
+def cpu_twin(cls: type[Kernel]) -> type[Kernel]:
+    """`cls`, declared to run on the CPU as well: what `check_conformance` runs on CPU tensors
+    for a CUDA kernel on a machine without a GPU."""
+    devices = frozenset(cls.devices) | {"cpu"}
+    return type(
+        f"{cls.__name__}CpuTwin", (cls,), {"devices": devices, "__module__": cls.__module__}
+    )
+
+
+def _cpu_twin_simulation(
+    kernel: tuple[str, type[Kernel]] | None, device: torch.device
+) -> Simulation | None:
+    """The simulation of `device` to run a CPU twin under, when `kernel` is checked on a CUDA
+    device this machine lacks; None to check on `device` itself."""
+    if kernel is None or device.type != "cuda" or torch.cuda.is_available():
+        return None
+    simulation = SIMULATED.get().get(device)
+    if simulation is None:
+        raise ValueError(
+            f"check_conformance(device={str(device)!r}): this machine has no CUDA device; to "
+            "check the kernel's numerics on CPU tensors (a CPU twin), call it inside "
+            f"tileops.testing.simulate_device({str(device)!r}, arch=..., sm_count=...)"
+        )
+    return simulation
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
 
 
 def case(params: Mapping[str, Any], *shapes: tuple[int, ...] | None, note: str = "") -> Case:
@@ -182,12 +290,12 @@ def _run(op: Op, inputs: tuple) -> list[torch.Tensor]:
 
 
 def _compare(case: Case, dtype, got, want, report: ConformanceReport) -> None:
-    tolerance = TOLERANCES.get(dtype, 1e-5)
+    tolerance = TOLERANCES.get(dtype, 0.0)  # an integer output: exact
     for index, (actual, expected) in enumerate(zip(got, want, strict=False)):
         try:
             torch.testing.assert_close(
-                actual.cpu().float(),
-                expected.float(),
+                actual.cpu().double(),  # float64 calls are compared at their own precision
+                expected.double(),
                 rtol=tolerance,
                 atol=tolerance,
                 equal_nan=True,

@@ -21,6 +21,7 @@ from tileops.ops import (
     AttentionFwdOp,
     AttentionVarlenFwdOp,
     BatchNormFwdOp,
+    GemmFwdOp,
     GemmOp,
     LayerNormFwdOp,
     RMSNormFwdOp,
@@ -61,6 +62,7 @@ register_kernel_builder(op=LayerNormFwdOp, target=target.NAME, build_kernel=targ
 register_kernel_builder(op=RMSNormFwdOp, target=target.NAME, build_kernel=target.build_rms_norm)
 register_kernel_builder(op=SoftmaxFwdOp, target=target.NAME, build_kernel=target.build_softmax)
 register_kernel_builder(op=GemmOp, target=target.NAME, build_kernel=target.build_gemm)
+register_kernel_builder(op=GemmFwdOp, target=target.NAME, build_kernel=target.build_gemm_fwd)
 register_kernel_builder(op=BatchNormFwdOp, target=target.NAME, build_kernel=target.build_batch_norm)
 for attention_op in (AttentionFwdOp, AttentionBwdOp, AttentionDecodeOp, AttentionVarlenFwdOp):
     register_kernel_builder(

@@ -119,6 +119,16 @@ def build_gemm(
     return run
 
 
+def build_gemm_fwd(a: TensorSpec, b: TensorSpec, *, trans_a: bool, trans_b: bool):
+    """`GemmFwdOp` (upstream's name): GemmOp without a bias, so the same kernel."""
+    run_with_bias = build_gemm(a, b, None, trans_a=trans_a, trans_b=trans_b)
+
+    def run(a, b, *, out, **execution):
+        run_with_bias(a, b, None, out=out)
+
+    return run
+
+
 def build_batch_norm(
     x: TensorSpec,
     weight: TensorSpec | None,

@@ -10,13 +10,33 @@ import torch
 
 from ..callspec import CallSpec
 from ..control import env_flag
-from ..errors import AmbiguousTargetError, BackendError, UnknownTargetError
-from ..kernel import Build
-from ..kernel_sets import check_registration
+from ..errors import (
+    AmbiguousDispatchError,
+    AmbiguousTargetError,
+    BackendError,
+    CallSpecFieldError,
+    KernelDeclarationError,
+    NoImplementationError,
+    OpInputError,
+    OpNotAvailableError,
+    TileOpsError,
+    UnknownOpError,
+    UnknownTargetError,
+)
+from ..kernel import Build, Kernel, KernelInterface
+from ..kernel_sets import check_registration, key_aliases
 from ..ops.norm.rms_norm import DEFAULT_EPS as RMS_NORM_DEFAULT_EPS
 from ..plugins import LOADER, PROTOCOL_VERSION, BackendInfo, LoadFailure, failure_note, hookimpl
 from ..provenance import caller_source
-from ..registry import BUILTIN, REGISTRY, Builder, Detector, Registration, RegistrationHandle
+from ..registry import (
+    BUILTIN,
+    REGISTRY,
+    Builder,
+    Detector,
+    Registration,
+    RegistrationHandle,
+    kernel_owner,
+)
 from ..selection import unavailability
 from ..signature import TensorSpec
 
@@ -24,13 +44,25 @@ __all__ = [
     "BUILTIN",
     "PROTOCOL_VERSION",
     "RMS_NORM_DEFAULT_EPS",
+    "AmbiguousDispatchError",
     "AmbiguousTargetError",
     "BackendError",
     "BackendInfo",
     "Build",
+    "CallSpec",
+    "CallSpecFieldError",
+    "Kernel",
+    "KernelDeclarationError",
+    "KernelInterface",
     "LoadFailure",
+    "NoImplementationError",
+    "OpInputError",
+    "OpNotAvailableError",
     "RegistrationHandle",
+    "Target",
     "TensorSpec",
+    "TileOpsError",
+    "UnknownOpError",
     "UnknownTargetError",
     "backends",
     "default_target",
@@ -46,6 +78,11 @@ __all__ = [
 ]
 
 
+Target = str | None
+"""What `target=` and `set_default_target` accept: a target name, BUILTIN (also a str, see
+`tileops.BUILTIN`), or None to decide from the call's device (upstream's `Target`)."""
+
+
 def register_kernel_type(op: type | str, key: str, cls: type) -> RegistrationHandle:
     """Add `cls` to `op` under `key`; op instances constructed afterwards can select it.
 
@@ -56,7 +93,7 @@ def register_kernel_type(op: type | str, key: str, cls: type) -> RegistrationHan
     constructed afterwards.
     """
     LOADER.ensure_loaded(wait=False)
-    op_cls = REGISTRY.op_class(op)
+    op_cls = kernel_owner(REGISTRY.op_class(op))
     if not isinstance(key, str) or not key:
         raise BackendError(f"register_kernel_type: key must be a non-empty str, got {key!r}")
     if not isinstance(cls, type):
@@ -146,10 +183,14 @@ def default_target() -> str | None:
     return REGISTRY.default_target
 
 
-def registered_targets() -> list[str]:
-    """Names of every target that registered a detector or a builder, sorted."""
+def registered_targets(op: type | str | None = None) -> list[str]:
+    """Names of every target that registered a detector or a builder, sorted; given `op` (its
+    class or name), only the targets that registered a builder for it (upstream's meaning)."""
     LOADER.ensure_loaded()
-    return REGISTRY.targets()
+    if op is None:
+        return REGISTRY.targets()
+    op_cls = REGISTRY.op_class(op)
+    return sorted(b.target for b in REGISTRY.builders() if b.op is op_cls)
 
 
 def key_serves(op: type | str, key: str, call: CallSpec) -> bool:
@@ -158,7 +199,10 @@ def key_serves(op: type | str, key: str, call: CallSpec) -> bool:
     another backend's serves, without knowing that backend's classes."""
     LOADER.ensure_loaded()
     op_cls = REGISTRY.op_class(op)
-    registration = REGISTRY.kernel_types(op_cls).get(key)
+    registered = REGISTRY.kernel_types(op_cls)
+    if key not in registered and key not in op_cls.kernel_types:
+        key = key_aliases(op_cls).get(key, key)  # upstream's name of the op's own kernel
+    registration = registered.get(key)
     cls = op_cls.kernel_types.get(key) or (registration and registration.cls)
     if cls is None:
         return False
@@ -181,7 +225,9 @@ def _check_target_name(target: object) -> None:
     if not isinstance(target, str) or not target:
         raise BackendError(f"target must be a non-empty str, got {target!r}")
     if target == BUILTIN:
-        raise BackendError(f"{BUILTIN!r} is reserved for ops' own kernels; choose another name")
+        raise BackendError(
+            f"{str(BUILTIN)!r} (BUILTIN) is reserved for ops' own kernels; choose another name"
+        )
 
 
 def _qualname(cls: object) -> str:

@@ -22,7 +22,7 @@ from ..errors import KernelDeclarationError
 from ..plugins import LOADER
 from ..registry import REGISTRY
 from ..table import table_for
-from . import claims
+from . import audit, claims, devices
 from .output import Outcome
 
 PACKAGES = ("torch", "triton", "tilelang", "pluggy")
@@ -49,7 +49,8 @@ class Problem:
 
 def run(args: argparse.Namespace) -> Outcome:
     LOADER.ensure_loaded()
-    problems = [*load_problems(), *op_problems(), *claim_problems(), *hint_problems()]
+    problems = [*load_problems(), *op_problems(), *claim_problems(), *audit_problems()]
+    problems += hint_problems()
     lines = ["Versions:", *versions(), "GPUs:", *gpus(), "Settings:", *settings()]
     lines.append("Problems:" if problems else "Problems: none")
     lines += [p.render() for p in problems]
@@ -115,7 +116,13 @@ def load_problems() -> list[Problem]:
                 f"reinstall or fix {failure.distribution}; meanwhile "
                 f"TILEOPS_DISABLE_BACKENDS={failure.entry_point} skips it without this warning"
             )
-        found.append(Problem(True, f"backend not loaded: {failure}", remedy))
+        what = (
+            "operator setting ignored"
+            if failure.distribution == "operator setting"
+            else ("backend not loaded")
+        )
+        text = failure.error if failure.distribution == "operator setting" else str(failure)
+        found.append(Problem(True, f"{what}: {text}", remedy))
     return found
 
 
@@ -145,6 +152,22 @@ def claim_problems() -> list[Problem]:
     problems = [Problem(True, f"{c.owner} {c.consequence()}", remedy) for c in found.unserved]
     fix = "fix the detector (its backend's maintainers can); it must return True or False"
     return problems + [Problem(True, error, fix) for error in found.broken.values()]
+
+
+def audit_problems() -> list[Problem]:
+    """`tileops audit`'s sweep (the CPU and the simulated GPUs it probes): a call two kernels
+    serve with no preference between them, or that no kernel serves, fails dispatch for
+    whoever makes it, so doctor says so as audit does."""
+    sweep = audit.Audit()
+    targets = [(torch.device("cpu"), None)]
+    targets += [(torch.device("cuda:0"), devices.facts_for(a)) for a in devices.AUDIT_ARCHS]
+    for name in sorted(REGISTRY.known_ops):
+        audit.audit_op(REGISTRY.known_ops[name], targets, sweep)
+    remedy = (
+        "for an ambiguity, declare `preferred_over` on one of the kernels (or settle it with "
+        "TILEOPS_PREFER); for a gap, widen a refusal; `tileops audit OP` lists the calls"
+    )
+    return [Problem(True, f.text(), remedy) for f in sweep.findings.values() if not f.message]
 
 
 def hint_problems() -> list[Problem]:

@@ -22,6 +22,7 @@ from ..device import DeviceFacts
 from ..errors import TileOpsError
 from ..explanation import Explanation
 from ..op import Op
+from ..plugins import LOADER
 from ..registry import BUILTIN, REGISTRY
 from ..table import table_for
 from ..targets import choose_target
@@ -235,11 +236,27 @@ def distribution_of(source: str) -> str:
 
 
 def parse_device(text: str) -> torch.device:
+    """`text` as a torch device. A device kind of its own (`vendorx`) reaches torch as
+    privateuse1 under the name its backend gives it with
+    `torch.utils.rename_privateuse1_backend`; a backend that declares that device type in its
+    info but has not renamed privateuse1 gets it renamed here, so `explain` can ask about it."""
     try:
         return torch.device(text)
     except RuntimeError:  # torch's message is a paragraph; one line is enough here
+        pass
+    LOADER.ensure_loaded()  # a backend may rename privateuse1 when imported
+    kind = text.partition(":")[0]
+    declared = {d for info in LOADER.infos.values() for d in info.devices}
+    unnamed = torch._C._get_privateuse1_backend_name() == "privateuseone"
+    if kind in declared and unnamed:
+        torch.utils.rename_privateuse1_backend(kind)
+    try:
+        return torch.device(text)
+    except RuntimeError:
         raise ValueError(
-            f"--device {text!r} is not a torch device (e.g. cpu, cuda, cuda:0)"
+            f"--device {text!r} is not a torch device (e.g. cpu, cuda, cuda:0); a device kind "
+            "of its own reaches torch as privateuse1, once its backend names it with "
+            f"torch.utils.rename_privateuse1_backend({kind!r}) (docs/backends.md)"
         ) from None
 
 

@@ -224,7 +224,11 @@ def _input_shapes(op: Op, shape: Shape, omit: set[str]) -> list[Shape | None]:
         raise ShapeError(f"{type(op).op_name} takes {given}, got {list(shape)}")
     else:
         sizes.update(zip(convention, shape, strict=True))
+    names = [s.name for s in specs]
     for spec, pattern in zip(specs[len(shapes) :], plan.patterns[len(shapes) :], strict=True):
+        if spec.like is not None and spec.name not in omit:  # same shape as an earlier input
+            shapes.append(shapes[names.index(spec.like)])
+            continue
         dims = [sizes.get(d, d) if isinstance(d, str) else d for d in pattern.head + pattern.tail]
         resolved = all(isinstance(d, int) for d in dims)
         if spec.name in omit or (spec.optional and not resolved):

@@ -19,7 +19,14 @@ from .attention import (
     AttentionVarlenFwdOp,
     AttentionVarlenInterface,
 )
-from .gemm import GemmBackward, GemmCall, GemmInterface, GemmOp, gemm_gradient_calls
+from .gemm import (
+    GemmBackward,
+    GemmCall,
+    GemmFwdOp,
+    GemmInterface,
+    GemmOp,
+    gemm_gradient_calls,
+)
 from .norm import (
     BatchNormCall,
     BatchNormFwdOp,
@@ -56,6 +63,7 @@ __all__ = [
     "BatchNormTrainInterface",
     "GemmBackward",
     "GemmCall",
+    "GemmFwdOp",
     "GemmInterface",
     "GemmOp",
     "LayerNormCall",

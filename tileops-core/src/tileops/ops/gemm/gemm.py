@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import library
-from ..backward import BackwardCall, BackwardInterface, Tensors
-from ..callspec import CallSpec
-from ..kernel import Build, Kernel, KernelInterface
-from ..op import Op
-from ..signature import Input, Output, Signature
-from ._common import ReferenceKernel, bool_param, sample_case
+from ... import library
+from ...backward import BackwardCall, BackwardInterface, Tensors
+from ...callspec import CallSpec
+from ...kernel import Build, Kernel, KernelInterface
+from ...op import Op
+from ...signature import Input, Output, Signature
+from .._common import ReferenceKernel, bool_param, sample_case
 
 if TYPE_CHECKING:
-    from ..samples import Case
+    from ...samples import Case
 
 LAYOUTS = {(False, False): "NN", (False, True): "NT", (True, False): "TN", (True, True): "TT"}
 """(trans_a, trans_b) -> the layout's name, as cuBLAS and DeepGEMM spell it."""
@@ -132,10 +132,10 @@ class GemmBackward(Kernel, BackwardInterface):
             (GemmOp(ta, tb), first, second) if need else None
             for (ta, tb, first, second), need in zip(plans, needs, strict=False)
         )
-        self.bias_needed = needs[2]
+        self.bias = needs[2:]  # GemmFwdOp has no bias input
 
     def forward(self, grads: Tensors, inputs: Tensors) -> Tensors:
-        a, b, _ = inputs
+        a, b = inputs[:2]
         operands = {"a": a, "b": b, "dy": grads[0]}
         found = tuple(
             None
@@ -143,16 +143,17 @@ class GemmBackward(Kernel, BackwardInterface):
             else library.call_operator(plan[0], (operands[plan[1]], operands[plan[2]], None))
             for plan in self.products
         )
-        return (*found, grads[0].sum(0) if self.bias_needed else None)
+        return (*found, *(grads[0].sum(0) if need else None for need in self.bias))
 
 
-def _signature(trans_a: bool, trans_b: bool) -> Signature:
+def _signature(trans_a: bool, trans_b: bool, bias: bool = True) -> Signature:
     """a (m, k) or, transposed, (k, m); b (k, n) or (n, k); bias (n,); all of a's dtype."""
+    optional = (Input("bias", ("n",), dtypes=("a",), optional=True),) if bias else ()
     return Signature(
         (
             Input("a", ("k", "m") if trans_a else ("m", "k")),
             Input("b", ("n", "k") if trans_b else ("k", "n"), dtypes=("a",)),
-            Input("bias", ("n",), dtypes=("a",), optional=True),
+            *optional,
         ),
         {"trans_a": "bool", "trans_b": "bool"},
         (Output("out", shape=("m", "n"), dtype_of="a"),),
@@ -160,6 +161,7 @@ def _signature(trans_a: bool, trans_b: bool) -> Signature:
 
 
 _SIGNATURES = {layout: _signature(*layout) for layout in LAYOUTS}
+_FWD_SIGNATURES = {layout: _signature(*layout, bias=False) for layout in LAYOUTS}
 
 
 class GemmOp(Op):
@@ -177,6 +179,7 @@ class GemmOp(Op):
     interfaces = {"gemm": GemmInterface, "backward": BackwardInterface}
     kernel_types = {"reference": GemmReference, "reference_backward": GemmBackward}
     signature = _SIGNATURES[False, False]  # the instance's own follows its layout
+    _signatures = _SIGNATURES
 
     def __init__(
         self, trans_a: bool = False, trans_b: bool = False, *, target: str | None = None
@@ -184,7 +187,7 @@ class GemmOp(Op):
         op = type(self).__name__
         self.trans_a = bool_param(op, "trans_a", trans_a)
         self.trans_b = bool_param(op, "trans_b", trans_b)
-        self.signature = _SIGNATURES[self.trans_a, self.trans_b]
+        self.signature = self._signatures[self.trans_a, self.trans_b]
         super().__init__(target=target)
 
     def forward(
@@ -216,6 +219,36 @@ class GemmOp(Op):
         yield sample_case({"trans_b": True}, (33, 48), (80, 48), (80,), note="NT, bias")
         yield sample_case({"trans_a": True}, (48, 64), (48, 80), note="TN")
         yield sample_case({"trans_a": True, "trans_b": True}, (48, 5), (7, 48), (7,), note="TT")
+
+
+class GemmFwdOp(GemmOp):
+    """Upstream TileOPs' GEMM op, `op(a) @ op(b)`: GemmOp without a bias, NT by default
+    (`trans_b=True`: b is stored (n, k), as a Linear weight), so code and backends written for
+    upstream's `GemmFwdOp` run unchanged. Its kernels are GemmOp's: a kernel registered for
+    either op serves both (`kernels_of`); a target builds it on its own (its builder is
+    called with a and b, and trans_a, trans_b)."""
+
+    namespace = "tileops"
+    kernels_of = GemmOp
+    signature = _FWD_SIGNATURES[False, True]
+    _signatures = _FWD_SIGNATURES
+
+    def __init__(
+        self, trans_a: bool = False, trans_b: bool = True, *, target: str | None = None
+    ) -> None:
+        super().__init__(trans_a, trans_b, target=target)
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return super().forward(a, b, None)
+
+    def reference_forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return super().reference_forward(a, b, None)
+
+    @classmethod
+    def sample_cases(cls) -> Iterable[Case]:
+        yield sample_case({}, (33, 48), (80, 48), note="NT")
+        yield sample_case({"trans_b": False}, (1, 256), (256, 7), note="NN, skinny")
+        yield sample_case({"trans_a": True}, (48, 64), (80, 48), note="TT")
 
 
 def _stored(t: torch.Tensor, trans: bool) -> tuple[torch.Tensor, bool]:

@@ -1,0 +1,1 @@
+"""Reductions under upstream TileOPs' module names: `tileops.ops.reduction.softmax`."""
