@@ -74,7 +74,7 @@ def test_rms_norm_backward_call_carries_rows_eps_and_param_dtype(tileops_registr
     spy = _spy(tileops.RMSNormFwdOp, RMSNormBackwardInterface)
     x, w = _leaves(randn(2, 5, 3, 4), randn(3, 4, seed=1))
     tileops.RMSNormFwdOp((3, 4))(x, w).sum().backward()
-    (call, grads, inputs, _), = spy.seen
+    ((call, grads, inputs, _),) = spy.seen
     assert isinstance(call, RMSNormBackwardCall)
     assert (call.n, call.dtype, call.param_dtype) == (12, torch.float32, torch.float32)
     assert call.eps == torch.finfo(torch.float32).eps  # eps=None resolved as F.rms_norm's
@@ -91,7 +91,7 @@ def test_layer_norm_backward_call_carries_which_grads_and_params(tileops_registr
     x.requires_grad_(False)
     y = tileops.LayerNormFwdOp(8, eps=1e-3)(x, None, b)
     y.backward(randn(6, 8, seed=3))
-    (call, *_), = spy.seen
+    ((call, *_),) = spy.seen
     assert isinstance(call, LayerNormBackwardCall)
     assert (call.n, call.eps, call.param_dtype, call.contiguous) == (8, 1e-3, torch.float32, True)
     assert call.needs == (False, False, True)
@@ -103,7 +103,7 @@ def test_softmax_backward_gets_the_forwards_output(tileops_registry):
     (x,) = _leaves(randn(4, 3, 7))
     y = tileops.SoftmaxFwdOp(1)(x)
     y.backward(randn(4, 3, 7, seed=1))
-    (call, _, _, outputs), = spy.seen
+    ((call, _, _, outputs),) = spy.seen
     assert isinstance(call, SoftmaxBackwardCall)
     assert (call.n, call.has_output, call.contiguous) == (3, True, False)  # dim 1 is not last
     assert outputs[0].data_ptr() == y.data_ptr() and not outputs[0].requires_grad
@@ -153,7 +153,9 @@ def test_compiled_backward_runs_the_kernel_on_real_tensors(tileops_registry, dyn
         torch.testing.assert_close(w.grad, ref_w.grad)
     assert [c.n for c, *_ in rms.seen] == [16, 16]
     assert [t[1][0].shape[0] for t in soft.seen] == [3, 5]
-    assert all(not isinstance(t, torch._subclasses.FakeTensor) for _, g, _, _ in soft.seen for t in g)
+    assert all(
+        not isinstance(t, torch._subclasses.FakeTensor) for _, g, _, _ in soft.seen for t in g
+    )
     assert all(o[0] is not None for *_, o in soft.seen)  # y reached the compiled backward too
 
 
