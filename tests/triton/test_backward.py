@@ -94,7 +94,9 @@ def test_layer_norm_backward_matches_float64(backward_alone, shape, dtype, affin
     rows, n = shape
     x, w, b, dy = _inputs(rows, n, dtype)
     w, b = (w if affine != "none" else None), (b if affine == "weight_bias" else None)
-    needs = tuple(need and t is not None for need, t in zip(NORM_NEEDS[needs], (x, w, b)))
+    needs = tuple(
+        need and t is not None for need, t in zip(NORM_NEEDS[needs], (x, w, b), strict=True)
+    )
     if not any(needs):
         pytest.skip("nothing requires grad")
     op = LayerNormFwdOp(n)

@@ -25,8 +25,8 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
-from ._tracing import is_traced
 from .callspec import CallSpec
 from .errors import KernelDeclarationError
 from .kernel import Build, Kernel, KernelInterface
@@ -208,6 +208,14 @@ def backward_call(
     return spec(**common, **facts)
 
 
+def is_traced(*groups: Sequence[torch.Tensor | None]) -> bool:
+    """Whether torch.compile traces, or any tensor of `groups` is a fake one (what AOTAutograd
+    traces a backward with): shapes may be symbolic, and no kernel can read the data."""
+    if torch.compiler.is_compiling():
+        return True
+    return any(t is not None and is_fake(t) for group in groups for t in group)
+
+
 def _traced(
     op: Op, grads: Tensors, inputs: Tensors, outputs: Tensors, needs: tuple[bool, ...]
 ) -> Tensors:
@@ -221,7 +229,5 @@ def _traced(
             return (
                 kernel(grads, inputs, outputs) if type(op).saves_outputs else kernel(grads, inputs)
             )
-    from .library import backward_operator  # library imports this module
-
-    found = iter(backward_operator(op, grads, inputs, outputs, needs))
+    found = iter(op._backward_through_operator(grads, inputs, outputs, needs))
     return tuple(next(found) if need else None for need in needs)

@@ -250,6 +250,9 @@ def backward_operator(
     return packet(list(grads), list(inputs), list(outputs), list(needs), *params, op.target)
 
 
+Op._backward_through_operator = backward_operator  # the route a traced backward takes
+
+
 def _define_backward(op_cls: type[Op], library: torch.library.Library) -> Any:
     """`tileops::<Name>_backward`: what `backward_operator` calls."""
     namespace, name = library_name(op_cls)

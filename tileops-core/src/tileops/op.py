@@ -49,6 +49,10 @@ class Op:
     _through_operator: ClassVar[Callable[..., Any]]
     """`op._through_operator(tensors)` calls the op through its torch.library operator (what
     tracing, autocast and autograd see); library.py installs it."""
+    _backward_through_operator: ClassVar[Callable[..., Any]]
+    """`op._backward_through_operator(grads, inputs, outputs, needs)`: the gradients `needs`
+    asks for, through the op's opaque backward operator (a traced backward calls it); library.py
+    installs it."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
