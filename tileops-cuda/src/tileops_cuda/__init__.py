@@ -32,6 +32,7 @@ def tileops_backend_info() -> dict:
 from .attention import kernels as attention_kernels  # noqa: E402
 from .batch_norm import kernels as bn_kernels  # noqa: E402
 from .gemm import kernels as gemm_kernels  # noqa: E402
+from .rows import backward_kernels as row_backward  # noqa: E402
 from .rows import kernels as row_kernels  # noqa: E402
 
 KERNELS = {
@@ -88,6 +89,14 @@ KERNELS = {
 }
 """Every kernel this package registers: op class -> key -> kernel class."""
 
-for _op, _keys in KERNELS.items():
-    for _key, _cls in _keys.items():
-        register_kernel_type(_op, _key, _cls)
+ROW_BACKWARD_KERNELS = {
+    LayerNormFwdOp: {row_backward.BACKWARD_KEY: row_backward.TileLangLayerNormBackward},
+    RMSNormFwdOp: {row_backward.BACKWARD_KEY: row_backward.TileLangRMSNormBackward},
+    SoftmaxFwdOp: {row_backward.BACKWARD_KEY: row_backward.TileLangSoftmaxBackward},
+}
+"""The row ops' backward kernels (on each op's "backward" interface): op -> key -> class."""
+
+for _kernels in (KERNELS, ROW_BACKWARD_KERNELS):
+    for _op, _keys in _kernels.items():
+        for _key, _cls in _keys.items():
+            register_kernel_type(_op, _key, _cls)
