@@ -11,6 +11,7 @@ from triton_kit import TOLERANCE, interpreted, rel_error
 
 from tileops import Kernel
 from tileops.backend import register_kernel_type
+from tileops.backward import backward_call
 from tileops.ops import (
     LayerNormBackwardCall,
     LayerNormBackwardInterface,
@@ -24,6 +25,7 @@ from tileops.ops import (
 )
 from tileops.registry import REGISTRY
 from tileops.testing import isolated_registry, simulate_device
+from tileops_triton.declare import INTERPRETING
 from tileops_triton.rows import backward_kernels as bk
 from tileops_triton.rows.backward_launch import BackwardPlan, norm_backward, softmax_backward
 
@@ -297,3 +299,30 @@ def test_triton_steps_aside_where_tileops_cuda_serves(backward_alone, op_cls):
     with simulate_device(CUDA, **sm_75):  # tileops-cuda does not run there
         call = _calls(4096, torch.bfloat16)[op_cls]
         assert _op(op_cls).key_for("backward", call) == bk.BACKWARD_KEY
+
+
+# -- GPU numerics (compiled Triton) -----------------------------------------------------------
+
+compiled = pytest.mark.skipif(INTERPRETING, reason="GPU tests run compiled, not interpreted")
+GPU_SHAPES = [(37, 7), (300, 1000), (64, 4096), (9, 16384), (5, 32768), (3, 65536), (2, 100003)]
+
+
+@pytest.mark.gpu
+@compiled
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_gpu_gradients_match_float64(backward_alone, shape, dtype):
+    """Fused rows up to 16K, looped ones beyond (and an odd 100003)."""
+    rows, n = shape
+    x, w, b, dy = (t.cuda() for t in _inputs(rows, n, dtype))
+    cases = {
+        "rms": (RMSNormFwdOp(n, 1e-6), lambda *t: F.rms_norm(t[0], (n,), t[1], 1e-6), (x, w)),
+        "layer": (LayerNormFwdOp(n), lambda *t: F.layer_norm(t[0], (n,), *t[1:]), (x, w, b)),
+        "softmax": (SoftmaxFwdOp(-1), lambda t: torch.softmax(t, -1), (x,)),
+    }
+    for op, fn, tensors in cases.values():
+        needs = (True,) * len(tensors)
+        call = backward_call(op, (dy,), tensors, (), needs, False)
+        assert op.key_for("backward", call) == bk.BACKWARD_KEY
+        got = _grads(op, tensors, needs, dy)
+        _check(got, _grads(fn, _double(tensors), needs, dy), dtype)
