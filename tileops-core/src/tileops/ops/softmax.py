@@ -61,10 +61,10 @@ class SoftmaxBackwardCall(BackwardCall):
 class SoftmaxBackwardInterface(BackwardInterface):
     """Interface "backward" of softmax: `dx = y * (dy - sum(dy * y))` along the dim.
 
-    `grads` is (dy,), `inputs` (x,) and `outputs` (y,), all as the caller holds them (any
-    strides); y is the forward's output, kept by autograd, or None when the caller modified it
-    in place since (`call.has_output` says which). Return (dx,) shaped and typed like x, or
-    (None,) when `call.needs` is (False,)."""
+    Layout contract: `grads` is (dy,), `inputs` (x,) and `outputs` (y,), all as the caller
+    holds them (any strides); y is the forward's output, kept by autograd, or None when the
+    caller modified it in place since (`call.has_output` says which). Return (dx,) shaped and
+    typed like x, or (None,) when `call.needs` is (False,)."""
 
     call_spec = SoftmaxBackwardCall
 

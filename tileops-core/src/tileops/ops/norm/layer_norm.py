@@ -91,11 +91,13 @@ class LayerNormBackwardCall(BackwardCall):
 
 
 class LayerNormBackwardInterface(BackwardInterface):
-    """Interface "backward" of LayerNorm: `grads` is (dy,) shaped like x, `inputs` is (x,
-    weight, bias) as the caller passed them (any strides, weight and bias None or of
-    normalized_shape). Return (dx, dweight, dbias) shaped and typed like them, None where
-    `call.needs` is False. The row statistics are not kept: kernels recompute them from x,
-    which they read for dx anyway (TUNING.md of each backend says why)."""
+    """Interface "backward" of LayerNorm: the gradients of x, weight and bias.
+
+    Layout contract: `grads` is (dy,) shaped like x, `inputs` is (x, weight, bias) as the
+    caller passed them (any strides, weight and bias None or of normalized_shape). Return
+    (dx, dweight, dbias) shaped and typed like them, None where `call.needs` is False. The
+    row statistics are not kept: kernels recompute them from x, which they read for dx anyway
+    (TUNING.md of each backend says why)."""
 
     call_spec = LayerNormBackwardCall
 

@@ -78,11 +78,13 @@ class RMSNormBackwardCall(BackwardCall):
 
 
 class RMSNormBackwardInterface(BackwardInterface):
-    """Interface "backward" of RMSNorm: `grads` is (dy,) shaped like x, `inputs` is (x, weight)
-    as the caller passed them (any strides, weight None or of normalized_shape). Return
-    (dx, dweight) shaped and typed like x and weight, None where `call.needs` is False. What
-    the forward computed per row (the rstd) is not kept: kernels recompute it from x, which
-    they read for dx anyway (TUNING.md of each backend says why)."""
+    """Interface "backward" of RMSNorm: the gradients of x and weight.
+
+    Layout contract: `grads` is (dy,) shaped like x, `inputs` is (x, weight) as the caller
+    passed them (any strides, weight None or of normalized_shape). Return (dx, dweight)
+    shaped and typed like x and weight, None where `call.needs` is False. What the forward
+    computed per row (the rstd) is not kept: kernels recompute it from x, which they read for
+    dx anyway (TUNING.md of each backend says why)."""
 
     call_spec = RMSNormBackwardCall
 
