@@ -195,3 +195,23 @@ def test_the_backward_operator_is_defined_with_the_forward_one():
     operator(tileops.LayerNormFwdOp)
     schema = str(torch.ops.tileops.LayerNormFwdOp_backward.default._schema)
     assert schema.startswith("tileops::LayerNormFwdOp_backward(Tensor[] grads, Tensor?[] inputs")
+
+
+GRADCHECK = {
+    "rms_norm": (lambda: tileops.RMSNormFwdOp((3, 4), 1e-5), [(2, 3, 3, 4), (3, 4)]),
+    "rms_norm_no_weight": (lambda: tileops.RMSNormFwdOp(4), [(5, 4), None]),
+    "layer_norm": (lambda: tileops.LayerNormFwdOp(6), [(4, 6), (6,), (6,)]),
+    "layer_norm_bias_only": (lambda: tileops.LayerNormFwdOp(6), [(4, 6), None, (6,)]),
+    "softmax_dim0": (lambda: tileops.SoftmaxFwdOp(0), [(5, 3)]),
+    "softmax_0d": (lambda: tileops.SoftmaxFwdOp(0), [()]),
+}
+
+
+@pytest.mark.parametrize("name", GRADCHECK)
+def test_gradcheck_in_float64_through_the_backward_reference(name):
+    make, shapes = GRADCHECK[name]
+    op = make()
+    inputs = [None if s is None else randn(*s, dtype=torch.float64, seed=k).requires_grad_()
+              for k, s in enumerate(shapes)]  # fmt: skip
+    with tileops.pinned(type(op), "backward", "reference_backward"):
+        assert torch.autograd.gradcheck(op, inputs)

@@ -223,7 +223,7 @@ def _traced(
     facts; else one opaque operator, which selects on the real shapes when it runs. A
     symbolic fact (a dynamic row length) leaves the choice to run time."""
     call = backward_call(op, grads, inputs, outputs, needs, False)  # compile: no double backward
-    if not any(isinstance(v, torch.SymInt) for v in call.__dict__.values()):
+    if not any(isinstance(v, (torch.SymInt, torch.SymBool)) for v in call.__dict__.values()):
         kernel = op.kernel_for("backward", call)
         if getattr(kernel, "differentiable", False):
             return (
