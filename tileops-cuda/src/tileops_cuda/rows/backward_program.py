@@ -9,7 +9,9 @@ once per block into the (programs, n) float32 partials the kernel class then sum
 order. Softmax: one block per row, dx = y * (dy - sum(y * dy)).
 
 Each reduction of a row takes a scratch slot of its own, and the block synchronises before the
-next row reuses them (tiles.reduce_group reads its slot after one barrier only).
+next row reuses them (tiles.reduce_group reads its slot after one barrier only). Lanes move
+whole vectors of `vec` elements (vec divides n, so a vector lies wholly inside the row or past
+its end): 16-byte loads and stores where n allows.
 """
 
 from __future__ import annotations
@@ -122,51 +124,60 @@ def _norm_row(s: NormBackwardShape) -> Any:
     chunks, vec, values, n = plan.chunks, plan.vec, plan.values, s.n
     need_dx, need_dw, need_db = s.wanted
 
-    def masked(col, value):
-        return _masked(s.exact, n, col, value)
+    def inside(lane, k):
+        """Whether the lane's k-th vector lies in the row (vec divides n: wholly or not)."""
+        return True if s.exact else s.column(lane, k, 0) < n
 
     @T.macro
     def row_step(X, DY, W, DX, row, lane, scratch, x, g, dw, db):
-        s1 = T.alloc_var("float32", init=0.0)
+        for i in T.unroll(values):
+            x[i] = 0.0
+            g[i] = 0.0
         for k in T.unroll(chunks):
-            for v in T.unroll(vec):
-                col = s.column(lane, k, v)
-                x[k * vec + v] = masked(col, X[row, col])
-                g[k * vec + v] = masked(col, DY[row, col])
-                s1 += x[k * vec + v]
+            if inside(lane, k):
+                for v in T.vectorized(vec):
+                    x[k * vec + v] = X[row, s.column(lane, k, v)]
+                for v in T.vectorized(vec):
+                    g[k * vec + v] = DY[row, s.column(lane, k, v)]
         if s.kind == "layer":
+            s1 = T.alloc_var("float32", init=0.0)
+            for i in T.unroll(values):
+                s1 += x[i]
             mean = tiles.reduce_group(s1, "sum", lanes, scratch, 0, lane) / n
             for k in T.unroll(chunks):
-                for v in T.unroll(vec):
-                    x[k * vec + v] = masked(s.column(lane, k, v), x[k * vec + v] - mean)
+                if inside(lane, k):
+                    for v in T.unroll(vec):
+                        x[k * vec + v] = x[k * vec + v] - mean
         s2 = T.alloc_var("float32", init=0.0)
         for i in T.unroll(values):
             s2 += x[i] * x[i]
         rstd = T.rsqrt(tiles.reduce_group(s2, "sum", lanes, scratch, 1, lane) / n + s.eps)
-        s3 = T.alloc_var("float32", init=0.0)
-        s4 = T.alloc_var("float32", init=0.0)
-        for k in T.unroll(chunks):
-            for v in T.unroll(vec):
-                i = k * vec + v
-                x[i] = x[i] * rstd  # xhat
-                if need_dw:
-                    dw[i] += g[i] * x[i]
-                if need_db:
-                    db[i] += g[i]
-                if s.has_w:
-                    g[i] = g[i] * masked(s.column(lane, k, v), W[s.column(lane, k, v)])
+        for i in T.unroll(values):
+            x[i] = x[i] * rstd  # xhat
+            if need_dw:
+                dw[i] += g[i] * x[i]
+            if need_db:
+                db[i] += g[i]
+        if s.has_w:
+            for k in T.unroll(chunks):
+                if inside(lane, k):
+                    for v in T.unroll(vec):
+                        g[k * vec + v] = g[k * vec + v] * W[s.column(lane, k, v)]
+        if need_dx:
+            s3 = T.alloc_var("float32", init=0.0)
+            s4 = T.alloc_var("float32", init=0.0)
+            for i in T.unroll(values):
                 s3 += g[i] * x[i]
                 s4 += g[i]
-        if need_dx:
             c1 = tiles.reduce_group(s3, "sum", lanes, scratch, 2, lane) / n
             c2 = 0.0
             if s.kind == "layer":
                 c2 = tiles.reduce_group(s4, "sum", lanes, scratch, 3, lane) / n
             for k in T.unroll(chunks):
-                for v in T.unroll(vec):
-                    col = s.column(lane, k, v)
-                    if s.exact or col < n:
-                        DX[row, col] = (g[k * vec + v] - c2 - x[k * vec + v] * c1) * rstd
+                if inside(lane, k):
+                    for v in T.vectorized(vec):
+                        i = k * vec + v
+                        DX[row, s.column(lane, k, v)] = (g[i] - c2 - x[i] * c1) * rstd
 
     return row_step
 
@@ -181,13 +192,13 @@ def _store_partials(s: NormBackwardShape) -> Any:
     @T.macro
     def store_partials(DWP, DBP, bx, lane, dw, db):
         for k in T.unroll(chunks):
-            for v in T.unroll(vec):
-                col = s.column(lane, k, v)
-                if s.exact or col < n:
-                    if need_dw:
-                        DWP[bx, col] = dw[k * vec + v]
-                    if need_db:
-                        DBP[bx, col] = db[k * vec + v]
+            if s.exact or s.column(lane, k, 0) < n:
+                if need_dw:
+                    for v in T.vectorized(vec):
+                        DWP[bx, s.column(lane, k, v)] = dw[k * vec + v]
+                if need_db:
+                    for v in T.vectorized(vec):
+                        DBP[bx, s.column(lane, k, v)] = db[k * vec + v]
 
     return store_partials
 
@@ -210,32 +221,29 @@ def softmax_backward_program(plan: BackwardPlan, call: Any) -> Any:
             scratch = T.alloc_shared((1, nwarps), "float32")
             y = T.alloc_local((values,), "float32")
             g = T.alloc_local((values,), "float32")
-            acc = T.alloc_var("float32", init=0.0)
+            for i in T.unroll(values):
+                y[i] = 0.0
+                g[i] = 0.0
             for k in T.unroll(chunks):
-                for v in T.unroll(vec):
-                    col = (k * lanes + lane) * vec + v
-                    y[k * vec + v] = _masked(exact, n, col, Y[row, col])
-                    g[k * vec + v] = _masked(exact, n, col, DY[row, col])
-                    acc += y[k * vec + v] * g[k * vec + v]
+                if exact or (k * lanes + lane) * vec < n:  # vec divides n: whole vectors
+                    for v in T.vectorized(vec):
+                        y[k * vec + v] = Y[row, (k * lanes + lane) * vec + v]
+                    for v in T.vectorized(vec):
+                        g[k * vec + v] = DY[row, (k * lanes + lane) * vec + v]
+            acc = T.alloc_var("float32", init=0.0)
+            for i in T.unroll(values):
+                acc += y[i] * g[i]
             dot = tiles.reduce_group(acc, "sum", _Lanes(lanes), scratch, 0, lane)
             for k in T.unroll(chunks):
-                for v in T.unroll(vec):
-                    col = (k * lanes + lane) * vec + v
-                    if exact or col < n:
-                        DX[row, col] = y[k * vec + v] * (g[k * vec + v] - dot)
+                if exact or (k * lanes + lane) * vec < n:
+                    for v in T.vectorized(vec):
+                        i = k * vec + v
+                        DX[row, (k * lanes + lane) * vec + v] = y[i] * (g[i] - dot)
 
     def main(Y, DY, DX):
         body(Y, DY, DX)
 
     return tiles.prim_func(main, dtype, None, Y=(m, n), DY=(m, n), DX=(m, n))
-
-
-def _masked(exact: bool, n: int, col: Any, value: Any) -> Any:
-    """`value` as float32, 0 past the row's end (no test where the lanes cover n exactly)."""
-    import tilelang.language as T
-
-    value = T.Cast("float32", value)
-    return value if exact else T.if_then_else(col < n, value, T.float32(0.0))
 
 
 @dataclass(frozen=True)
