@@ -106,7 +106,7 @@ def test_a_kernel_of_another_ops_interface_fails_at_registration(tileops_registr
     with pytest.raises(
         KernelDeclarationError,
         match=r"tileops::RMSNormFwdOp: kernel 'odd' .*SoftmaxForNorms.* implements none of the "
-        r"op's interfaces \(RMSNormInterface, BackwardInterface\)",
+        r"op's interfaces \(RMSNormInterface, RMSNormBackwardInterface\)",
     ):
         register_kernel_type(RMSNormFwdOp, "odd", SoftmaxForNorms)
     assert RMSNormFwdOp(8).key_for("rms_norm", cpu_call()) == "reference"

@@ -10,6 +10,13 @@ they register forward ones: `register_kernel_type(OpClass, key, cls)` with a cla
 A backward that runs under `create_graph` (double backward, hessians, gradgradcheck) must
 return gradients that are themselves differentiable; the call says so (`create_graph`), and a
 kernel that does not declare `differentiable = True` refuses it, so the reference serves.
+
+An op whose backward kernels' regions depend on more than dtypes (a row length, which affine
+params are present) says so in `Op.backward_facts`: its backward calls are then specs of its own
+class, a subclass of `BackwardCall`, built from the concrete tensors. Under tracing
+(torch.compile, export) the tensors may be symbolic: a differentiable kernel (the reference) is
+traced as the torch ops it runs, and any other goes into the graph as one opaque operator (see
+`library.backward_operator`) that selects with the real shapes when it runs.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from .callspec import CallSpec
 from .errors import KernelDeclarationError
@@ -61,7 +69,7 @@ class BackwardInterface(KernelInterface):
     calls with `create_graph`; the others refuse them, whatever their own `refusal` says.
     """
 
-    call_spec = BackwardCall
+    call_spec: ClassVar[type[BackwardCall]] = BackwardCall
     differentiable: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -113,7 +121,7 @@ class RecomputeBackward(Kernel, BackwardInterface):
         self.needs = needs
         self.create_graph = create_graph
 
-    def forward(self, grads: Tensors, inputs: Tensors) -> Tensors:
+    def forward(self, grads: Tensors, inputs: Tensors, outputs: Tensors = ()) -> Tensors:
         graph = self.create_graph
         with torch.enable_grad():
             leaves = tuple(
@@ -143,16 +151,83 @@ def _leaf(t: torch.Tensor | None, need: bool, written: bool, graph: bool) -> tor
 
 
 def backward_of(
-    op: Op, grads: Sequence[torch.Tensor], inputs: Tensors, needs: Sequence[bool]
+    op: Op,
+    grads: Sequence[torch.Tensor],
+    inputs: Tensors,
+    needs: Sequence[bool],
+    outputs: Tensors = (),
 ) -> Tensors:
     """The gradients of `op`'s inputs, from the kernel its "backward" interface selects; with
-    grad mode on (the caller's create_graph), a kernel whose gradients are differentiable."""
-    call = BackwardCall(
-        device=next(t.device for t in inputs if t is not None),
-        op=type(op).op_name,
-        params=tuple(op.params().items()),
-        dtypes=tuple(None if t is None else t.dtype for t in inputs),
-        needs=tuple(needs),
-        create_graph=torch.is_grad_enabled(),
-    )
-    return op.kernel_for("backward", call)(tuple(grads), inputs)
+    grad mode on (the caller's create_graph), a kernel whose gradients are differentiable.
+    `outputs`: what the forward saved of its outputs (ops with `saves_outputs`; None for an
+    output modified in place since)."""
+    grads, needs = tuple(grads), tuple(needs)
+    if is_traced(grads, inputs):
+        return _traced(op, grads, inputs, outputs, needs)
+    return run_backward(op, grads, inputs, outputs, needs, torch.is_grad_enabled())
+
+
+def run_backward(
+    op: Op,
+    grads: Tensors,
+    inputs: Tensors,
+    outputs: Tensors,
+    needs: tuple[bool, ...],
+    create_graph: bool,
+) -> Tensors:
+    """Select on the concrete tensors and run: the eager path, and the backward operator's."""
+    call = backward_call(op, grads, inputs, outputs, needs, create_graph)
+    kernel = op.kernel_for("backward", call)
+    if type(op).saves_outputs:
+        return kernel(grads, inputs, outputs)
+    return kernel(grads, inputs)
+
+
+def backward_call(
+    op: Op,
+    grads: Tensors,
+    inputs: Tensors,
+    outputs: Tensors,
+    needs: tuple[bool, ...],
+    create_graph: bool,
+) -> BackwardCall:
+    """The call spec of one backward: `BackwardCall`'s fields, and the op's own facts (its
+    `backward_facts`) in the op's spec class. Under tracing a fact may be a SymInt."""
+    common = {
+        "device": next(t.device for t in inputs if t is not None),
+        "op": type(op).op_name,
+        "params": tuple(op.params().items()),
+        "dtypes": tuple(None if t is None else t.dtype for t in inputs),
+        "needs": needs,
+        "create_graph": create_graph,
+    }
+    own = op.backward_facts(grads, inputs, outputs)
+    if own is None:
+        return BackwardCall(**common)
+    spec, facts = own
+    return spec(**common, **facts)
+
+
+def is_traced(*groups: Sequence[torch.Tensor | None]) -> bool:
+    """Whether torch.compile traces, or any tensor of `groups` is a fake one (what AOTAutograd
+    traces a backward with): shapes may be symbolic, and no kernel can read the data."""
+    if torch.compiler.is_compiling():
+        return True
+    return any(t is not None and is_fake(t) for group in groups for t in group)
+
+
+def _traced(
+    op: Op, grads: Tensors, inputs: Tensors, outputs: Tensors, needs: tuple[bool, ...]
+) -> Tensors:
+    """Under tracing: the reference traced as torch ops where it is what serves the static
+    facts; else one opaque operator, which selects on the real shapes when it runs. A
+    symbolic fact (a dynamic row length) leaves the choice to run time."""
+    call = backward_call(op, grads, inputs, outputs, needs, False)  # compile: no double backward
+    if not any(isinstance(v, (torch.SymInt, torch.SymBool)) for v in call.__dict__.values()):
+        kernel = op.kernel_for("backward", call)
+        if getattr(kernel, "differentiable", False):
+            return (
+                kernel(grads, inputs, outputs) if type(op).saves_outputs else kernel(grads, inputs)
+            )
+    found = iter(op._backward_through_operator(grads, inputs, outputs, needs))
+    return tuple(next(found) if need else None for need in needs)

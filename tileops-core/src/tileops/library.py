@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .autocast import castable
-from .backward import backward_of
+from .backward import backward_of, run_backward
 from .errors import OpDefinitionError, OpInputError, add_note
 from .op import Op
 from .registry import REGISTRY
@@ -27,6 +27,7 @@ from .table import ENTRY_LIMIT, remember
 
 _LIBRARIES: dict[str, torch.library.Library] = {}
 _OPERATORS: dict[type, Any] = {}
+_BACKWARD_OPERATORS: dict[type, Any] = {}
 _INSTANCES: dict[tuple, Op] = {}
 _lock = threading.RLock()
 _AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}
@@ -89,6 +90,8 @@ def _define(op_cls: type[Op]) -> Any:
         )
     for device_type, key in _AUTOCAST_KEYS.items():
         library.impl(name, _autocast_impl(op_cls, device_type), key)
+    # With the forward: a compiled backward loaded from the compiler's cache calls it untraced.
+    _BACKWARD_OPERATORS[op_cls] = _define_backward(op_cls, library)
     return getattr(getattr(torch.ops, namespace), name)
 
 
@@ -200,8 +203,27 @@ def _setup_context(op_cls: type[Op]) -> Any:
             ctx.mark_non_differentiable(*frozen)
         ctx.save_for_backward(*tensors)
         ctx.params, ctx.target, ctx.scope = params, target, SCOPE.get()
+        if op_cls.saves_outputs:
+            _keep_outputs(ctx, outputs)
 
     return setup_context
+
+
+def _keep_outputs(ctx: Any, outputs: tuple) -> None:
+    """Keep the outputs for the backward kernels without claiming them as saved tensors: a
+    caller may still modify an output in place (as after any of our ops); the backward then
+    finds its version changed and goes without it. Detached aliases share the version
+    counter, and hold no graph (no reference cycle through the output's grad_fn)."""
+    ctx.kept = tuple(t.detach() for t in outputs)
+    ctx.kept_versions = tuple(t._version for t in outputs)
+
+
+def _kept_outputs(ctx: Any) -> tuple:
+    """The outputs kept at the forward, None for one modified in place since."""
+    if not hasattr(ctx, "kept"):
+        return ()
+    pairs = zip(ctx.kept, ctx.kept_versions, strict=True)
+    return tuple(t if t._version == v else None for t, v in pairs)
 
 
 def _backward(op_cls: type[Op]) -> Any:
@@ -209,11 +231,64 @@ def _backward(op_cls: type[Op]) -> Any:
         count = len(op_cls.signature.inputs)
         needs = tuple(ctx.needs_input_grad[:count])
         op = instance(op_cls, ctx.params, ctx.target)
+        saved = tuple(ctx.saved_tensors)
         with SCOPES.resume(ctx.scope):
-            tensor_grads = backward_of(op, grads, tuple(ctx.saved_tensors), needs)
+            tensor_grads = backward_of(op, grads, saved, needs, _kept_outputs(ctx))
         return (*tensor_grads, *[None] * (len(ctx.params) + 1))
 
     return backward
+
+
+def backward_operator(
+    op: Op, grads: tuple, inputs: tuple, outputs: tuple, needs: tuple[bool, ...]
+) -> list[torch.Tensor]:
+    """The gradients `needs` asks for, through `tileops::<Name>_backward`: one opaque node in
+    a traced graph (its fake gives contiguous gradients shaped like the inputs), which selects
+    the backward kernel on the real tensors when the graph runs."""
+    op_cls = type(op)
+    operator(op_cls)  # defines the backward operator with it
+    params = op.params().values()
+    packet = _BACKWARD_OPERATORS[op_cls]
+    return packet(list(grads), list(inputs), list(outputs), list(needs), *params, op.target)
+
+
+Op._backward_through_operator = backward_operator  # the route a traced backward takes
+
+
+def _define_backward(op_cls: type[Op], library: torch.library.Library) -> Any:
+    """`tileops::<Name>_backward`: what `backward_operator` calls."""
+    namespace, name = library_name(op_cls)
+    params = [f"{kind} {p}" for p, kind in op_cls.signature.param_types.items()]
+    tensors = "Tensor[] grads, Tensor?[] inputs, Tensor?[] outputs, bool[] needs"
+    library.define(
+        f"{name}_backward({', '.join([tensors, *params, 'str? target=None'])}) -> Tensor[]"
+    )
+    library.impl(f"{name}_backward", _backward_impl(op_cls), "CompositeExplicitAutograd")
+    torch.library.register_fake(f"{namespace}::{name}_backward", _backward_fake, lib=library)
+    return getattr(getattr(torch.ops, namespace), f"{name}_backward")
+
+
+def _backward_impl(op_cls: type[Op]) -> Any:
+    def impl(grads: list, inputs: list, outputs: list, needs: list, *args: Any) -> list:
+        names = list(op_cls.signature.param_types)
+        params = dict(zip(names, args[: len(names)], strict=True))
+        target = args[len(names)] if len(args) > len(names) else None
+        op = instance(op_cls, params, target)
+        found = run_backward(op, tuple(grads), tuple(inputs), tuple(outputs), tuple(needs), False)
+        held = {t.data_ptr() for t in (*grads, *inputs, *outputs) if t is not None}
+        return [_fresh(g, held) for g, need in zip(found, needs, strict=True) if need]
+
+    return impl
+
+
+def _fresh(grad: torch.Tensor, held: set[int]) -> torch.Tensor:
+    """`grad` contiguous and in memory of its own: an operator's outputs alias no input."""
+    grad = grad.contiguous()
+    return grad.clone() if grad.data_ptr() in held else grad
+
+
+def _backward_fake(grads: list, inputs: list, outputs: list, needs: list, *args: Any) -> list:
+    return [t.new_empty(t.shape) for t, need in zip(inputs, needs, strict=True) if need]
 
 
 def _mutating_autograd(op_cls: type[Op]) -> Any:

@@ -44,9 +44,16 @@ class Op:
     signature: Signature | None = None  # None: called straight through to forward
     op_name: ClassVar[str]
     _checks: ClassVar[bool] = False
+    saves_outputs: ClassVar[bool] = False
+    """True: autograd keeps the op's outputs for its backward kernels (softmax's y), which
+    then take them as a third argument; False: only the inputs are kept."""
     _through_operator: ClassVar[Callable[..., Any]]
     """`op._through_operator(tensors)` calls the op through its torch.library operator (what
     tracing, autocast and autograd see); library.py installs it."""
+    _backward_through_operator: ClassVar[Callable[..., Any]]
+    """`op._backward_through_operator(grads, inputs, outputs, needs)`: the gradients `needs`
+    asks for, through the op's opaque backward operator (a traced backward calls it); library.py
+    installs it."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -224,6 +231,17 @@ class Op:
         """The op in plain, differentiable torch: what the reference backward differentiates
         and what autocast is probed with. Ops of the catalogue define it."""
         raise NotImplementedError(f"{type(self).op_name} defines no reference_forward()")
+
+    def backward_facts(
+        self,
+        grads: tuple[torch.Tensor, ...],
+        inputs: tuple[torch.Tensor | None, ...],
+        outputs: tuple[torch.Tensor | None, ...],
+    ) -> tuple[type[CallSpec], dict[str, Any]] | None:
+        """What this op's backward kernels' regions depend on beyond `BackwardCall`'s fields:
+        the op's subclass of `BackwardCall` and its extra fields, read off the tensors of one
+        backward call (under tracing a size may be a SymInt). None: the plain `BackwardCall`."""
+        return None
 
     def check_uncast(self, tensors: tuple[Any, ...]) -> None:
         """The op's checks (signature, `check`) on a call autocast will cast, with the errors

@@ -35,6 +35,7 @@ from .batch_norm import kernels as bn_kernels  # noqa: E402
 from .batch_norm import vendor as bn_vendor  # noqa: E402
 from .gemm import kernels as gemm_kernels  # noqa: E402
 from .gemm import vendor as gemm_vendor  # noqa: E402
+from .rows import backward_kernels as row_backward  # noqa: E402
 from .rows import kernels as row_kernels  # noqa: E402
 
 KERNELS = {
@@ -68,7 +69,6 @@ KERNELS = {
         "tilelang_bn_split_channel": bn_kernels.BatchNormSplitChannel,
         "tilelang_bn_tiled": bn_kernels.BatchNormTiled,
         "tilelang_bn_infer": bn_kernels.BatchNormInfer,
-        "aten_bn_backward": bn_backward.BatchNormBackwardNative,
     },
     GemmOp: {
         "tilelang_gemm": gemm_kernels.GemmGeneral,
@@ -98,12 +98,20 @@ VENDOR_KERNELS = {
     BatchNormFwdOp: {
         "cudnn": bn_vendor.CudnnBatchNormTrain,
         "cudnn_infer": bn_vendor.CudnnBatchNormInfer,
+        "aten_bn_backward": bn_backward.BatchNormBackwardNative,
     },
 }
-"""cuBLAS and cuDNN through torch, candidates beside KERNELS: they serve wherever no TileLang
+"""cuBLAS, cuDNN and ATen's native BatchNorm backward through torch, candidates beside KERNELS: they serve wherever no TileLang
 kernel was measured faster (`_common.vendor`). No program of their own to compile."""
 
-for _kernels in (KERNELS, VENDOR_KERNELS):
+ROW_BACKWARD_KERNELS = {
+    LayerNormFwdOp: {row_backward.BACKWARD_KEY: row_backward.TileLangLayerNormBackward},
+    RMSNormFwdOp: {row_backward.BACKWARD_KEY: row_backward.TileLangRMSNormBackward},
+    SoftmaxFwdOp: {row_backward.BACKWARD_KEY: row_backward.TileLangSoftmaxBackward},
+}
+"""The row ops' backward kernels (on each op's "backward" interface): op -> key -> class."""
+
+for _kernels in (KERNELS, VENDOR_KERNELS, ROW_BACKWARD_KERNELS):
     for _op, _keys in _kernels.items():
         for _key, _cls in _keys.items():
             register_kernel_type(_op, _key, _cls)

@@ -31,6 +31,12 @@ from tileops.ops import (
 from . import target
 from .declare import DEVICES
 from .gemm.kernels import GEMM_KEY, TritonGemm
+from .rows.backward_kernels import (
+    BACKWARD_KEY,
+    TritonLayerNormBackward,
+    TritonRMSNormBackward,
+    TritonSoftmaxBackward,
+)
 from .rows.kernels import (
     LAYER_NORM_KEY,
     RMS_NORM_KEY,
@@ -56,6 +62,9 @@ register_kernel_type(LayerNormFwdOp, LAYER_NORM_KEY, TritonLayerNorm)
 register_kernel_type(RMSNormFwdOp, RMS_NORM_KEY, TritonRMSNorm)
 register_kernel_type(SoftmaxFwdOp, SOFTMAX_KEY, TritonSoftmax)
 register_kernel_type(GemmOp, GEMM_KEY, TritonGemm)
+register_kernel_type(LayerNormFwdOp, BACKWARD_KEY, TritonLayerNormBackward)
+register_kernel_type(RMSNormFwdOp, BACKWARD_KEY, TritonRMSNormBackward)
+register_kernel_type(SoftmaxFwdOp, BACKWARD_KEY, TritonSoftmaxBackward)
 
 register_detector(target=target.NAME, detect=target.claims_device)
 register_kernel_builder(op=LayerNormFwdOp, target=target.NAME, build_kernel=target.build_layer_norm)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..backward import BackwardInterface, RecomputeBackward
+from ..backward import BackwardCall, BackwardInterface, RecomputeBackward
 from ..callspec import CallSpec
 from ..errors import OpInputError
 from ..kernel import KernelInterface
@@ -47,13 +47,44 @@ class SoftmaxReference(ReferenceKernel, SoftmaxInterface):
         return torch.softmax(x, -1)
 
 
+class SoftmaxBackwardCall(BackwardCall):
+    """One softmax backward: rows of length `n` (the softmax dim's size) of `dtype`; whether
+    the forward's output y is at hand (False: modified in place since the forward), and
+    whether y and dy are (rows, n) as they lie (the softmax dim last, contiguous)."""
+
+    n: int
+    dtype: torch.dtype
+    has_output: bool
+    contiguous: bool
+
+
+class SoftmaxBackwardInterface(BackwardInterface):
+    """Interface "backward" of softmax: `dx = y * (dy - sum(dy * y))` along the dim.
+
+    Layout contract: `grads` is (dy,), `inputs` (x,) and `outputs` (y,), all as the caller
+    holds them (any strides); y is the forward's output, kept by autograd, or None when the
+    caller modified it in place since (`call.has_output` says which). Return (dx,) shaped and
+    typed like x, or (None,) when `call.needs` is (False,)."""
+
+    call_spec = SoftmaxBackwardCall
+
+    def forward(self, grads: tuple, inputs: tuple, outputs: tuple) -> tuple:
+        raise NotImplementedError
+
+
+class SoftmaxRecompute(RecomputeBackward, SoftmaxBackwardInterface):
+    """`RecomputeBackward` on softmax's backward interface: recomputes y from x, so it serves
+    calls whose y was modified in place too."""
+
+
 class SoftmaxFwdOp(Op):
     """`torch.softmax(x, dim)` for x of any shape; a 0-d x counts as one element along dim."""
 
     namespace = "tileops"
-    interfaces = {"softmax": SoftmaxInterface, "backward": BackwardInterface}
-    kernel_types = {"reference": SoftmaxReference, "reference_backward": RecomputeBackward}
+    interfaces = {"softmax": SoftmaxInterface, "backward": SoftmaxBackwardInterface}
+    kernel_types = {"reference": SoftmaxReference, "reference_backward": SoftmaxRecompute}
     signature = Signature((Input("x", (BATCH,)),), {"dim": "int"}, (Output("out", like="x"),))
+    saves_outputs = True  # the backward kernels read y, not x
 
     def __init__(self, dim: int = -1, *, target: str | None = None) -> None:
         self.dim = int_param(type(self).__name__, "dim", dim)
@@ -76,6 +107,20 @@ class SoftmaxFwdOp(Op):
         call = SoftmaxCall(device=x.device, n=n, dtype=x.dtype)
         y = like(self.call_kernel("softmax", call, rows.shape, x.dtype, rows), moved)
         return y if moved is x else like(y.movedim(-1, dim).contiguous(), x)  # as torch.softmax
+
+    def backward_facts(
+        self, grads: tuple, inputs: tuple, outputs: tuple
+    ) -> tuple[type[SoftmaxBackwardCall], dict]:
+        (x,), (dy,), y = inputs, grads, outputs[0] if outputs else None
+        rank = x.dim()
+        last = not rank or self.dim % rank == rank - 1
+        facts = {
+            "n": x.shape[self.dim] if rank else 1,
+            "dtype": x.dtype,
+            "has_output": y is not None,
+            "contiguous": last and dy.is_contiguous() and (y is None or y.is_contiguous()),
+        }
+        return SoftmaxBackwardCall, facts
 
     def reference_forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(x, self.dim)

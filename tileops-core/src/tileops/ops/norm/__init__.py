@@ -8,17 +8,33 @@ from .batch_norm import (
     BatchNormInferInterface,
     BatchNormTrainInterface,
 )
-from .layer_norm import LayerNormCall, LayerNormFwdOp, LayerNormInterface
-from .rms_norm import RMSNormCall, RMSNormFwdOp, RMSNormInterface
+from .layer_norm import (
+    LayerNormBackwardCall,
+    LayerNormBackwardInterface,
+    LayerNormCall,
+    LayerNormFwdOp,
+    LayerNormInterface,
+)
+from .rms_norm import (
+    RMSNormBackwardCall,
+    RMSNormBackwardInterface,
+    RMSNormCall,
+    RMSNormFwdOp,
+    RMSNormInterface,
+)
 
 __all__ = [
     "BatchNormCall",
     "BatchNormFwdOp",
     "BatchNormInferInterface",
     "BatchNormTrainInterface",
+    "LayerNormBackwardCall",
+    "LayerNormBackwardInterface",
     "LayerNormCall",
     "LayerNormFwdOp",
     "LayerNormInterface",
+    "RMSNormBackwardCall",
+    "RMSNormBackwardInterface",
     "RMSNormCall",
     "RMSNormFwdOp",
     "RMSNormInterface",

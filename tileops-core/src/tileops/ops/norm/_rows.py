@@ -13,7 +13,7 @@ import torch
 
 from ...callspec import CallSpec
 from ...signature import BATCH, WIDENED, Input, Output, Signature
-from .._common import as_rows, as_vector, like, shape_param
+from .._common import as_rows, as_vector, like, param_dtype, shape_param
 
 
 def norm_signature(*affine: str) -> Signature:
@@ -27,6 +27,19 @@ def norm_signature(*affine: str) -> Signature:
     types = {"normalized_shape": "int[]", "eps": "float?"}
     outputs = (Output("out", like="x"),)
     return Signature((x, *params), types, outputs, same_dtype=(affine,))
+
+
+def rows_backward_facts(n: int, grads: tuple, inputs: tuple) -> dict[str, Any]:
+    """The facts a norm's backward kernels select on, beside `BackwardCall`'s: the row length,
+    x's dtype, the params' dtype, and whether x and dy are contiguous (a kernel reads them as
+    (rows, n) in place; else it copies them first)."""
+    x, dy, affine = inputs[0], grads[0], inputs[1:]
+    return {
+        "n": n,
+        "dtype": x.dtype,
+        "param_dtype": param_dtype(*affine),
+        "contiguous": x.is_contiguous() and dy.is_contiguous(),
+    }
 
 
 class RowNorm:

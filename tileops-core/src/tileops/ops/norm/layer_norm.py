@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from ...backward import BackwardInterface, RecomputeBackward
+from ...backward import BackwardCall, BackwardInterface, RecomputeBackward
 from ...callspec import CallSpec
 from ...kernel import KernelInterface
 from ...op import Op
 from ...signature import HALF_DTYPES
 from .._common import ReferenceKernel, eps_param, float32, param_dtype, sample_case, upcasts
-from ._rows import RowNorm, norm_signature
+from ._rows import RowNorm, norm_signature, rows_backward_facts
 
 if TYPE_CHECKING:
     from ...samples import Case
@@ -78,12 +78,40 @@ def _in_float32(
     return F.layer_norm(x.float(), shape, float32(weight), float32(bias), eps).to(x.dtype)
 
 
+class LayerNormBackwardCall(BackwardCall):
+    """One LayerNorm backward: rows of length `n` of `dtype` normalized with `eps`, the affine
+    params' dtype (None: neither present), whether x and dy are contiguous; `needs` says which
+    of (dx, dweight, dbias), and `dtypes` which params are present."""
+
+    n: int
+    eps: float
+    dtype: torch.dtype
+    param_dtype: torch.dtype | None
+    contiguous: bool
+
+
+class LayerNormBackwardInterface(BackwardInterface):
+    """Interface "backward" of LayerNorm: the gradients of x, weight and bias.
+
+    Layout contract: `grads` is (dy,) shaped like x, `inputs` is (x, weight, bias) as the
+    caller passed them (any strides, weight and bias None or of normalized_shape). Return
+    (dx, dweight, dbias) shaped and typed like them, None where `call.needs` is False. The
+    row statistics are not kept: kernels recompute them from x, which they read for dx anyway
+    (TUNING.md of each backend says why)."""
+
+    call_spec = LayerNormBackwardCall
+
+
+class LayerNormRecompute(RecomputeBackward, LayerNormBackwardInterface):
+    """`RecomputeBackward` on LayerNorm's backward interface: every call, device and dtype."""
+
+
 class LayerNormFwdOp(RowNorm, Op):
     """`F.layer_norm(x, normalized_shape, weight, bias, eps)` over any leading batch shape."""
 
     namespace = "tileops"
-    interfaces = {"layer_norm": LayerNormInterface, "backward": BackwardInterface}
-    kernel_types = {"reference": LayerNormReference, "reference_backward": RecomputeBackward}
+    interfaces = {"layer_norm": LayerNormInterface, "backward": LayerNormBackwardInterface}
+    kernel_types = {"reference": LayerNormReference, "reference_backward": LayerNormRecompute}
     signature = norm_signature("weight", "bias")
     interface_name = "layer_norm"
 
@@ -104,6 +132,14 @@ class LayerNormFwdOp(RowNorm, Op):
             has_bias=bias is not None,
             param_dtype=param_dtype(weight, bias),
         )
+
+    def backward_facts(
+        self, grads: tuple, inputs: tuple, outputs: tuple
+    ) -> tuple[type[LayerNormBackwardCall], dict]:
+        return LayerNormBackwardCall, {
+            **rows_backward_facts(self._n, grads, inputs),
+            "eps": self.eps,
+        }
 
     def reference_forward(
         self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None

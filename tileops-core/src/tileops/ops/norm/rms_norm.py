@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from ...backward import BackwardInterface, RecomputeBackward
+from ...backward import BackwardCall, BackwardInterface, RecomputeBackward
 from ...callspec import CallSpec
 from ...kernel import KernelInterface
 from ...op import Op
 from ...signature import FLOAT_DTYPES
 from .._common import ReferenceKernel, eps_param, float32, sample_case, upcasts
-from ._rows import RowNorm, norm_signature
+from ._rows import RowNorm, norm_signature, rows_backward_facts
 
 if TYPE_CHECKING:
     from ...samples import Case
@@ -66,12 +66,39 @@ class RMSNormReference(ReferenceKernel, RMSNormInterface):
         return F.rms_norm(x, x.shape[-1:], weight, self.eps)
 
 
+class RMSNormBackwardCall(BackwardCall):
+    """One RMSNorm backward: rows of length `n` of `dtype`, `eps` resolved, the weight's dtype
+    (None: no weight), whether x and dy are contiguous; `needs` says which of (dx, dweight)."""
+
+    n: int
+    eps: float
+    dtype: torch.dtype
+    param_dtype: torch.dtype | None
+    contiguous: bool
+
+
+class RMSNormBackwardInterface(BackwardInterface):
+    """Interface "backward" of RMSNorm: the gradients of x and weight.
+
+    Layout contract: `grads` is (dy,) shaped like x, `inputs` is (x, weight) as the caller
+    passed them (any strides, weight None or of normalized_shape). Return (dx, dweight)
+    shaped and typed like x and weight, None where `call.needs` is False. What the forward
+    computed per row (the rstd) is not kept: kernels recompute it from x, which they read for
+    dx anyway (TUNING.md of each backend says why)."""
+
+    call_spec = RMSNormBackwardCall
+
+
+class RMSNormRecompute(RecomputeBackward, RMSNormBackwardInterface):
+    """`RecomputeBackward` on RMSNorm's backward interface: every call, any device and dtype."""
+
+
 class RMSNormFwdOp(RowNorm, Op):
     """`F.rms_norm(x, normalized_shape, weight, eps)` over any leading batch shape."""
 
     namespace = "tileops"
-    interfaces = {"rms_norm": RMSNormInterface, "backward": BackwardInterface}
-    kernel_types = {"reference": RMSNormReference, "reference_backward": RecomputeBackward}
+    interfaces = {"rms_norm": RMSNormInterface, "backward": RMSNormBackwardInterface}
+    kernel_types = {"reference": RMSNormReference, "reference_backward": RMSNormRecompute}
     signature = norm_signature("weight")
     interface_name = "rms_norm"
 
@@ -95,6 +122,13 @@ class RMSNormFwdOp(RowNorm, Op):
             has_weight=weight is not None,
             param_dtype=None if weight is None else weight.dtype,
         )
+
+    def backward_facts(
+        self, grads: tuple, inputs: tuple, outputs: tuple
+    ) -> tuple[type[RMSNormBackwardCall], dict]:
+        facts = rows_backward_facts(self._n, grads, inputs)
+        eps = DEFAULT_EPS[facts["dtype"]] if self.eps is None else self.eps
+        return RMSNormBackwardCall, {**facts, "eps": eps}
 
     def reference_forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         if upcasts(x):  # as the kernels compute: in float32, rounded once

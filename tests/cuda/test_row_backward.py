@@ -1,0 +1,213 @@
+"""tileops-cuda's row-wise backward kernels: their region and refusals on simulated devices,
+cubin compile checks for sm_80 and sm_90 (no GPU needed), and GPU numerics against float64
+torch through the ops (skipped without CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tileops_cuda
+from tileops.backend import register_kernel_type
+from tileops.backward import backward_call
+from tileops.ops import (
+    LayerNormBackwardCall,
+    LayerNormFwdOp,
+    RMSNormBackwardCall,
+    RMSNormFwdOp,
+    SoftmaxBackwardCall,
+    SoftmaxFwdOp,
+)
+from tileops.registry import REGISTRY
+from tileops.testing import isolated_registry, simulate_device
+from tileops_cuda.rows import backward_kernels as bk
+
+CUDA = torch.device("cuda:0")
+SMEM_BUDGET = {80: 166912, 90: 232448}
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+@pytest.fixture
+def backward_only():
+    """The row ops' backward served by tileops-cuda's kernels beside the reference only."""
+    with isolated_registry():
+        for op, keys in tileops_cuda.ROW_BACKWARD_KERNELS.items():
+            REGISTRY.withdraw_kernel_types(op)
+            for key, cls in keys.items():
+                register_kernel_type(op, key, cls)
+        yield
+
+
+def _call(op_cls, n, dtype, *, weight=True, bias=True, needs=None, **extra):
+    common = {"device": CUDA, "create_graph": False}
+    if op_cls is SoftmaxFwdOp:
+        return SoftmaxBackwardCall(
+            **common,
+            op=op_cls.op_name,
+            params=(("dim", -1),),
+            dtypes=(dtype,),
+            needs=(True,),
+            n=n,
+            dtype=dtype,
+            has_output=extra.get("has_output", True),
+            contiguous=True,
+        )
+    param = extra.get("param_dtype", dtype)
+    if op_cls is RMSNormFwdOp:
+        return RMSNormBackwardCall(
+            **common,
+            op=op_cls.op_name,
+            params=(("normalized_shape", (n,)), ("eps", None)),
+            dtypes=(dtype, param if weight else None),
+            needs=needs or (True, weight),
+            n=n,
+            eps=1e-6,
+            dtype=dtype,
+            param_dtype=param if weight else None,
+            contiguous=True,
+        )
+    return LayerNormBackwardCall(
+        **common, op=op_cls.op_name, params=(("normalized_shape", (n,)), ("eps", 1e-5)),
+        dtypes=(dtype, param if weight else None, param if bias else None),
+        needs=needs or (True, weight, bias), n=n, eps=1e-5, dtype=dtype,
+        param_dtype=param if weight or bias else None, contiguous=True)  # fmt: skip
+
+
+def _op(op_cls):
+    return op_cls() if op_cls is SoftmaxFwdOp else op_cls(8)
+
+
+H100 = {"arch": 90, "sm_count": 132, "calibration": "NVIDIA H200", "smem_budget": 232448}
+OPS = (RMSNormFwdOp, LayerNormFwdOp, SoftmaxFwdOp)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("n", [1, 7, 1000, 4096, 8192])
+@pytest.mark.parametrize("op_cls", OPS)
+def test_serves_rows_that_fit_on_sm_80_and_sm_90(backward_only, op_cls, n, dtype):
+    for arch in (80, 90):
+        with simulate_device(CUDA, **{**H100, "arch": arch}):
+            assert _op(op_cls).key_for("backward", _call(op_cls, n, dtype)) == bk.BACKWARD_KEY
+
+
+@pytest.mark.parametrize("op_cls", OPS)
+def test_rows_past_the_registers_are_refused_with_the_reason(backward_only, op_cls):
+    with simulate_device(CUDA, **H100):
+        explanation = _op(op_cls).explain("backward", _call(op_cls, 32768, torch.bfloat16))
+    assert explanation.chosen == "reference_backward"
+    assert "a row of 32768 does not fit one block's registers" in str(explanation)
+
+
+def test_the_region_grows_when_no_parameter_gradient_is_needed(backward_only):
+    """dweight needs a third array per lane: 16K bf16 rows fit without it only."""
+    with simulate_device(CUDA, **H100):
+        wanted = _call(RMSNormFwdOp, 16384, torch.bfloat16)
+        dx_only = _call(RMSNormFwdOp, 16384, torch.bfloat16, needs=(True, False))
+        assert RMSNormFwdOp(8).key_for("backward", wanted) == "reference_backward"
+        assert RMSNormFwdOp(8).key_for("backward", dx_only) == bk.BACKWARD_KEY
+
+
+REFUSALS = {
+    "float64": ({"dtype": torch.float64}, "torch.float64 is not served"),
+    "empty_rows": ({"n": 0}, "rows of length 0"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+@pytest.mark.parametrize("op_cls", OPS)
+def test_refusals(backward_only, op_cls, case):
+    fields, reason = REFUSALS[case]
+    call = _call(op_cls, fields.get("n", 64), fields.get("dtype", torch.float32))
+    with simulate_device(CUDA, **H100):
+        explanation = _op(op_cls).explain("backward", call)
+    assert explanation.verdict(bk.BACKWARD_KEY) == "refused"
+    assert reason in str(explanation)
+
+
+def test_softmax_without_y_and_float64_params_are_refused(backward_only):
+    with simulate_device(CUDA, **H100):
+        call = _call(SoftmaxFwdOp, 64, torch.bfloat16, has_output=False)
+        assert "modified in place since the forward" in str(
+            SoftmaxFwdOp().explain("backward", call)
+        )
+        call = _call(LayerNormFwdOp, 64, torch.float32, param_dtype=torch.float64)
+        explanation = LayerNormFwdOp(8).explain("backward", call)
+        assert "parameters of torch.float64 beside x of torch.float32" in str(explanation)
+
+
+def test_sm_75_is_left_to_others(backward_only):
+    with simulate_device(CUDA, **{**H100, "arch": 75}):
+        call = _call(RMSNormFwdOp, 1024, torch.bfloat16)
+        assert RMSNormFwdOp(8).key_for("backward", call) == "reference_backward"
+
+
+# -- cubin compile checks ---------------------------------------------------------------------
+
+COMPILED = [
+    (RMSNormFwdOp, 4096, torch.bfloat16, {}),
+    (RMSNormFwdOp, 1000, torch.float16, {"weight": False}),
+    (LayerNormFwdOp, 1001, torch.float32, {}),
+    (LayerNormFwdOp, 8192, torch.bfloat16, {"param_dtype": torch.float32}),
+    (LayerNormFwdOp, 16384, torch.float16, {"weight": False, "bias": False}),
+    (SoftmaxFwdOp, 16384, torch.bfloat16, {}),
+    (SoftmaxFwdOp, 7, torch.float32, {}),
+]
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+@pytest.mark.parametrize("case", COMPILED, ids=lambda c: f"{c[0].__name__}-{c[1]}-{c[2]}")
+def test_kernel_compiles_to_cubin(case, arch, tilelang_cache):
+    op_cls, n, dtype, extra = case
+    call = _call(op_cls, n, dtype, **extra)
+    cls = tileops_cuda.ROW_BACKWARD_KERNELS[op_cls][bk.BACKWARD_KEY]
+    with simulate_device(CUDA, arch=arch, sm_count=100, smem_budget=SMEM_BUDGET[arch]):
+        assert cls.refusal(call) is None
+        identity, build = cls.entry_for(call)
+        kernel = build()
+    assert identity[0] == arch
+    assert kernel.compiled.target.attrs["arch"] == f"sm_{arch}"
+    assert "__global__" in kernel.compiled.get_kernel_source()
+
+
+# -- GPU numerics -----------------------------------------------------------------------------
+
+GPU_SHAPES = [(37, 1), (37, 7), (300, 1000), (64, 4096), (33, 8192), (9, 16384)]
+
+
+def _grads(fn, tensors, dy):
+    leaves = [None if t is None else t.detach().requires_grad_() for t in tensors]
+    out = fn(*leaves)
+    wanted = [t for t in leaves if t is not None]
+    found = iter(torch.autograd.grad(out, wanted, dy.to(out.dtype)))
+    return [None if t is None else next(found) for t in leaves]
+
+
+def _close(got, want, dtype):
+    for g, w in zip(got, want, strict=True):
+        if g is not None:
+            error = (g.double() - w).norm() / max(w.norm().item(), 1e-3 * w.numel() ** 0.5)
+            assert error < TOLERANCE[dtype], error
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_gpu_gradients_match_float64(backward_only, shape, dtype):
+    rows, n = shape
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = (torch.randn(rows, n, device="cuda", generator=g) * 3 + 2).to(dtype)
+    w, b = (torch.randn(n, device="cuda", generator=g).to(dtype) for _ in range(2))
+    dy = torch.randn(rows, n, device="cuda", generator=g).to(dtype)
+    cases = {
+        "rms": (RMSNormFwdOp(n, 1e-6), lambda *t: F.rms_norm(t[0], (n,), t[1], 1e-6), (x, w)),
+        "layer": (LayerNormFwdOp(n), lambda *t: F.layer_norm(t[0], (n,), *t[1:]), (x, w, b)),
+        "softmax": (SoftmaxFwdOp(-1), lambda t: torch.softmax(t, -1), (x,)),
+    }
+    for op, fn, tensors in cases.values():
+        call = backward_call(op, (dy,), tensors, (), (True,) * len(tensors), False)
+        if n <= 8192 or (n <= 16384 and op is cases["softmax"][0]):
+            assert op.key_for("backward", call) == bk.BACKWARD_KEY
+        got = _grads(op, tensors, dy)
+        want = _grads(fn, [t.double() for t in tensors], dy.double())
+        _close(got, want, dtype)

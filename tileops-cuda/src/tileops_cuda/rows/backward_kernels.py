@@ -1,0 +1,212 @@
+"""tileops-cuda's row-wise backward kernels (RMSNorm, LayerNorm, softmax): key, region, refusals.
+
+One layout: the row held whole in one block's registers as float32 (x or y, dy, and the
+parameter partials the call needs), on sm_80 .. sm_90, for float16/bfloat16/float32 rows that
+fit (`backward_plan`); longer rows go to Triton's looped kernel or the reference. Norms run on
+a persistent grid and write per-block partials of dweight/dbias, summed here in a fixed order
+(torch's sum over the blocks' axis): deterministic, no atomics. Programs: `backward_program`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any, ClassVar
+
+import torch
+
+from tileops import Kernel
+from tileops.ops import (
+    LayerNormBackwardInterface,
+    RMSNormBackwardInterface,
+    SoftmaxBackwardInterface,
+)
+
+from .._common.arith import (
+    AMPERE_AND_LATER,
+    DTYPE_NAMES,
+    ITEMSIZE,
+    MAX_THREADS,
+    WARP,
+    ceil_div,
+    pow2_ceil,
+    vector_width,
+)
+from .._common.compile import Launch, build_program
+from .._common.lanes import REGISTER_FILE, THREADS_PER_SM
+from .._common.operands import aligned
+from .backward_program import BackwardPlan, norm_backward_program, softmax_backward_program
+
+BACKWARD_KEY = "tilelang_row_backward"
+OVERHEAD_REGISTERS = 32  # addresses, loop state, the reductions: provisional (TUNING.md#backward)
+MAX_REGISTERS = 255  # per thread
+EMPTY_ROWS = "rows of length 0 have no gradient to compute; the reference serves them"
+
+
+def backward_plan(n: int, dtype: torch.dtype, arrays: int, sm_count: int) -> BackwardPlan | None:
+    """The row over one block's lanes, `arrays` float32 values per element held per lane; None
+    when the block's registers cannot hold them. `programs`: the norms' persistent grid, as
+    many blocks as the multiprocessors keep resident."""
+    vec = vector_width(n, dtype)
+    lanes = min(MAX_THREADS, max(WARP, pow2_ceil(ceil_div(n, vec))))
+    chunks = ceil_div(n, lanes * vec)
+    registers = arrays * chunks * vec + OVERHEAD_REGISTERS
+    if registers > MAX_REGISTERS or lanes * registers > REGISTER_FILE:
+        return None
+    resident = min(REGISTER_FILE // (lanes * registers), THREADS_PER_SM[90] // lanes)
+    return BackwardPlan(lanes, vec, chunks, max(sm_count, 1) * max(resident, 1))
+
+
+class TileLangRowsBackward(Kernel):
+    """What the three declare alike: archs, dtypes, empty rows, the register region."""
+
+    supported_archs = AMPERE_AND_LATER
+
+    @classmethod
+    def refusal(cls, call: Any) -> str | None:
+        if call.dtype not in ITEMSIZE:
+            return (
+                f"{call.dtype} is not served: these kernels compute in float32, which would "
+                "lose float64 precision; the torch reference kernels serve it"
+            )
+        if call.n == 0:
+            return EMPTY_ROWS
+        own = cls.own_refusal(call)
+        if own:
+            return own
+        arrays = cls.arrays(call)
+        if backward_plan(call.n, call.dtype, arrays, 1) is None:
+            return (
+                f"a row of {call.n} does not fit one block's registers ({arrays} float32 "
+                "values per element: the row, dy and the parameter partials); Triton's looped "
+                "kernel or the reference serves it"
+            )
+        return None
+
+    @classmethod
+    def own_refusal(cls, call: Any) -> str | None:
+        return None
+
+    @classmethod
+    def arrays(cls, call: Any) -> int:
+        raise NotImplementedError
+
+
+class _NormBackward(TileLangRowsBackward):
+    kind: ClassVar[str]
+
+    @classmethod
+    def own_refusal(cls, call: Any) -> str | None:
+        if call.param_dtype is not None and call.param_dtype not in (call.dtype, torch.float32):
+            return f"parameters of {call.param_dtype} beside x of {call.dtype} are not served"
+        return None
+
+    @classmethod
+    def wanted(cls, call: Any) -> tuple[bool, bool, bool]:
+        dtypes, needs = (*call.dtypes, None)[:3], (*call.needs, False)[:3]
+        return needs[0], needs[1] and dtypes[1] is not None, needs[2] and dtypes[2] is not None
+
+    @classmethod
+    def arrays(cls, call: Any) -> int:
+        return 2 + sum(cls.wanted(call)[1:])
+
+    @classmethod
+    def entry_for(cls, call: Any) -> tuple[Hashable, Any]:
+        plan = backward_plan(call.n, call.dtype, cls.arrays(call), call.sm_count)
+        wanted = cls.wanted(call)
+        identity = (call.arch, DTYPE_NAMES[call.dtype], call.n, call.eps, call.param_dtype,
+                    call.dtypes[1] is not None, wanted, plan)  # fmt: skip
+
+        def build() -> _NormBackward:
+            program = lambda: norm_backward_program(cls.kind, plan, call, wanted)  # noqa: E731
+            name = f"{cls.__name__}{identity}"
+            return cls(build_program(name, program, call.arch), plan, call.n, wanted)
+
+        return identity, build
+
+    def __init__(self, compiled: Any, plan: BackwardPlan, n: int, wanted: tuple) -> None:
+        self.compiled, self.launch = compiled, Launch(compiled)
+        self.plan, self.n, self.wanted = plan, n, wanted
+
+    def forward(self, grads: tuple, inputs: tuple) -> tuple:
+        (dy,), n = grads, self.n
+        x, weight, bias = (*inputs, None)[:3]  # RMSNorm has no bias
+        need_dx, need_dw, need_db = self.wanted
+        rows = aligned(x.contiguous().view(-1, n))
+        dy_rows = aligned(dy.contiguous().view(-1, n))
+        params = [] if weight is None else [aligned(weight.contiguous().view(n))]
+        dx = torch.empty_like(rows) if need_dx else None
+        parts = [torch.empty((self.plan.programs, n), dtype=torch.float32, device=x.device)
+                 for need in (need_dw, need_db) if need]  # fmt: skip
+        if rows.shape[0]:
+            self.launch(rows, dy_rows, *params, *([dx] if need_dx else []), *parts)
+        sums = iter(_summed(p, rows.shape[0]) for p in parts)
+        found = (
+            None if dx is None else dx.view(x.shape),
+            next(sums).to(weight.dtype).view(weight.shape) if need_dw else None,
+            next(sums).to(bias.dtype).view(bias.shape) if need_db else None,
+        )
+        return found[: len(inputs)]
+
+
+def _summed(parts: torch.Tensor, rows: int) -> torch.Tensor:
+    """The blocks' partials added over the blocks' axis (zeros when there were no rows)."""
+    return parts.sum(0) if rows else parts.new_zeros(parts.shape[1])
+
+
+class TileLangRMSNormBackward(_NormBackward, RMSNormBackwardInterface):
+    """RMSNorm's dx and dweight for rows that fit one block's registers, sm_80 .. sm_90."""
+
+    kind = "rms"
+
+
+class TileLangLayerNormBackward(_NormBackward, LayerNormBackwardInterface):
+    """LayerNorm's dx, dweight and dbias for rows that fit one block's registers."""
+
+    kind = "layer"
+
+
+class TileLangSoftmaxBackward(TileLangRowsBackward, SoftmaxBackwardInterface):
+    """Softmax's dx from the forward's y and dy, for rows that fit one block's registers."""
+
+    @classmethod
+    def own_refusal(cls, call: Any) -> str | None:
+        if not call.has_output:
+            return (
+                "the forward's output y was modified in place since the forward, and this "
+                "kernel reads y; the reference recomputes it from x"
+            )
+        return None
+
+    @classmethod
+    def arrays(cls, call: Any) -> int:
+        return 2
+
+    @classmethod
+    def entry_for(cls, call: Any) -> tuple[Hashable, Any]:
+        plan = backward_plan(call.n, call.dtype, 2, 1)
+        dim = dict(call.params)["dim"]
+        identity = (call.arch, DTYPE_NAMES[call.dtype], call.n, dim, plan)
+
+        def build() -> TileLangSoftmaxBackward:
+            program = lambda: softmax_backward_program(plan, call)  # noqa: E731
+            return cls(build_program(f"{cls.__name__}{identity}", program, call.arch), call.n, dim)
+
+        return identity, build
+
+    def __init__(self, compiled: Any, n: int, dim: int) -> None:
+        self.compiled, self.launch, self.n, self.dim = compiled, Launch(compiled), n, dim
+
+    def forward(self, grads: tuple, inputs: tuple, outputs: tuple) -> tuple:
+        (dy,), (y,), n = grads, outputs, self.n
+        rank = y.dim()
+        dim = self.dim % rank if rank else 0
+        moved = rank > 1 and dim != rank - 1
+        if moved:  # the softmax dim last, as the forward's rows
+            y, dy = y.movedim(dim, -1), dy.movedim(dim, -1)
+        rows = aligned(y.contiguous().view(-1, n))
+        dy_rows = aligned(dy.contiguous().view(-1, n))
+        dx = torch.empty_like(rows)
+        if rows.shape[0]:
+            self.launch(rows, dy_rows, dx)
+        dx = dx.view(y.shape)
+        return (dx.movedim(-1, dim) if moved else dx,)
