@@ -34,6 +34,8 @@ from .ops import (
     BatchNormFwdOp,
     GemmOp,
     LayerNormFwdOp,
+    LinearCrossEntropyFwdOp,
+    LinearCrossEntropyGradOp,
     RMSNormFwdOp,
     SoftmaxFwdOp,
 )
@@ -48,6 +50,8 @@ __version__ = "0.1.0"
 for _op in (BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp):
     _library.operator(_op)
 for _op in (AttentionFwdOp, AttentionBwdOp, AttentionDecodeOp, AttentionVarlenFwdOp):
+    _library.operator(_op)
+for _op in (LinearCrossEntropyFwdOp, LinearCrossEntropyGradOp):
     _library.operator(_op)
 
 __all__ = [
@@ -72,6 +76,8 @@ __all__ = [
     "KernelDeclarationError",
     "KernelInterface",
     "LayerNormFwdOp",
+    "LinearCrossEntropyFwdOp",
+    "LinearCrossEntropyGradOp",
     "NoImplementationError",
     "Op",
     "OpConfigError",

@@ -20,6 +20,13 @@ from .attention import (
     AttentionVarlenInterface,
 )
 from .gemm import GemmCall, GemmInterface, GemmOp
+from .linear_cross_entropy import (
+    LinearCrossEntropyCall,
+    LinearCrossEntropyFwdOp,
+    LinearCrossEntropyGradInterface,
+    LinearCrossEntropyGradOp,
+    LinearCrossEntropyInterface,
+)
 from .norm import (
     BatchNormCall,
     BatchNormFwdOp,
@@ -60,6 +67,11 @@ __all__ = [
     "LayerNormCall",
     "LayerNormFwdOp",
     "LayerNormInterface",
+    "LinearCrossEntropyCall",
+    "LinearCrossEntropyFwdOp",
+    "LinearCrossEntropyGradInterface",
+    "LinearCrossEntropyGradOp",
+    "LinearCrossEntropyInterface",
     "RMSNormCall",
     "RMSNormFwdOp",
     "RMSNormInterface",
