@@ -23,6 +23,8 @@ from tileops.ops import (
     BatchNormFwdOp,
     GemmOp,
     LayerNormFwdOp,
+    LinearCrossEntropyFwdOp,
+    LinearCrossEntropyGradOp,
     RMSNormFwdOp,
     SoftmaxFwdOp,
 )
@@ -30,6 +32,12 @@ from tileops.ops import (
 from . import target
 from .declare import DEVICES
 from .gemm.kernels import GEMM_KEY, TritonGemm
+from .linear_ce.kernels import (
+    LINEAR_CE_KEY,
+    TritonLinearCrossEntropy,
+    TritonLinearCrossEntropyGrad,
+    own_path_builder,
+)
 from .rows.kernels import (
     LAYER_NORM_KEY,
     RMS_NORM_KEY,
@@ -55,6 +63,8 @@ register_kernel_type(LayerNormFwdOp, LAYER_NORM_KEY, TritonLayerNorm)
 register_kernel_type(RMSNormFwdOp, RMS_NORM_KEY, TritonRMSNorm)
 register_kernel_type(SoftmaxFwdOp, SOFTMAX_KEY, TritonSoftmax)
 register_kernel_type(GemmOp, GEMM_KEY, TritonGemm)
+register_kernel_type(LinearCrossEntropyFwdOp, LINEAR_CE_KEY, TritonLinearCrossEntropy)
+register_kernel_type(LinearCrossEntropyGradOp, LINEAR_CE_KEY, TritonLinearCrossEntropyGrad)
 
 register_detector(target=target.NAME, detect=target.claims_device)
 register_kernel_builder(op=LayerNormFwdOp, target=target.NAME, build_kernel=target.build_layer_norm)
@@ -62,6 +72,8 @@ register_kernel_builder(op=RMSNormFwdOp, target=target.NAME, build_kernel=target
 register_kernel_builder(op=SoftmaxFwdOp, target=target.NAME, build_kernel=target.build_softmax)
 register_kernel_builder(op=GemmOp, target=target.NAME, build_kernel=target.build_gemm)
 register_kernel_builder(op=BatchNormFwdOp, target=target.NAME, build_kernel=target.build_batch_norm)
+for own_op in (LinearCrossEntropyFwdOp, LinearCrossEntropyGradOp):
+    register_kernel_builder(op=own_op, target=target.NAME, build_kernel=own_path_builder(own_op))
 for attention_op in (AttentionFwdOp, AttentionBwdOp, AttentionDecodeOp, AttentionVarlenFwdOp):
     register_kernel_builder(
         op=attention_op, target=target.NAME, build_kernel=target.reference_builder(attention_op)
