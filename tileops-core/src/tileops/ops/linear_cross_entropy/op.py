@@ -321,9 +321,7 @@ class LinearCrossEntropyBackward(Kernel, BackwardInterface):
         self.needs = needs
 
     def forward(self, grads: tuple, inputs: tuple) -> tuple:
-        _, grad_hidden, grad_weight, grad_bias = library.call_operator(
-            self.op, (grads[0], *inputs)
-        )
+        _, grad_hidden, grad_weight, grad_bias = library.call_operator(self.op, (grads[0], *inputs))
         found = (grad_hidden, grad_weight, None, grad_bias, None)
         return tuple(g if need else None for g, need in zip(found, self.needs, strict=True))
 
@@ -335,7 +333,10 @@ class LinearCrossEntropyFwdOp(_LinearCrossEntropy, Op):
     every row ignored gives 0). The loss is float32 (float64 for float64 inputs)."""
 
     namespace = "tileops"
-    interfaces = {"linear_cross_entropy": LinearCrossEntropyInterface, "backward": BackwardInterface}
+    interfaces = {
+        "linear_cross_entropy": LinearCrossEntropyInterface,
+        "backward": BackwardInterface,
+    }
     kernel_types = {
         "reference": LinearCrossEntropyReference,
         "reference_backward": LinearCrossEntropyBackward,
