@@ -125,7 +125,7 @@ def _fused_forward(module: nn.Module, arguments: dict[str, Any]) -> Any:
 
     labels = arguments.pop("labels")
     keep = arguments.pop("logits_to_keep", 0)
-    return_dict = arguments.get("return_dict")
+    return_dict = arguments.pop("return_dict", None)  # the causal LM's to honour, as its own
     outputs = module.model(**arguments)
     hidden = outputs[0]
     hidden = hidden[:, slice(-keep, None) if isinstance(keep, int) else keep, :]
@@ -139,6 +139,8 @@ def _fused_forward(module: nn.Module, arguments: dict[str, Any]) -> Any:
         hidden, head.weight, shifted.to(hidden.device), head.bias, ignore_index=ignore_index,
         normalizer=arguments.get("num_items_in_batch"), chunk_rows=module._tileops_chunk_rows,
     )  # fmt: skip
+    if isinstance(outputs, tuple):  # a config with return_dict=False
+        return (loss, *outputs[1:])
     fields = set(CausalLMOutputWithPast.__dataclass_fields__)
     rest = {k: v for k, v in outputs.items() if k in fields and k != "logits"}
     result = CausalLMOutputWithPast(loss=loss, logits=None, **rest)

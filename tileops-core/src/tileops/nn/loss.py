@@ -125,13 +125,8 @@ class _StoredGradients(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple:
-        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        if torch.compiler.is_compiling():  # traced: the compiler plans the buffers
-            scaled = [
-                None if g is None else g * grad for g in (grad_hidden, grad_weight, grad_bias)
-            ]
-        else:
+        compiling = torch.compiler.is_compiling()
+        if not compiling:
             if ctx.spent:
                 raise RuntimeError(
                     f"{NAME}: backward through this loss ran twice (retain_graph=True); its "
@@ -139,10 +134,13 @@ class _StoredGradients(torch.autograd.Function):
                     "backward. Compute the loss again for a second backward"
                 )
             ctx.spent = True
-            scaled = [
-                None if g is None else g.mul_(grad) for g in (grad_hidden, grad_weight, grad_bias)
-            ]
+        saved = ctx.saved_tensors
+        if compiling:  # traced: the compiler plans the buffers
+            scaled = [None if g is None else g * grad for g in saved]
+        else:
+            scaled = [None if g is None else g.mul_(grad) for g in saved]
         grad_hidden, grad_weight, grad_bias = scaled
+        needs = ctx.needs_input_grad
         return (
             None,
             grad_hidden if needs[1] else None,
