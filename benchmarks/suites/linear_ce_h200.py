@@ -9,7 +9,7 @@ where installed, and `tileops.nn.linear_cross_entropy` (the default chunk, and e
 gradients' relative error against eager.
 
     python benchmarks/suites/linear_ce_h200.py [--tokens 4096,8192] [--vocab 128256]
-        [--hidden 4096] [--chunks 128,256,512] [--out DIR]
+        [--hidden 4096] [--chunks 128,256,1024] [--out DIR]
     python benchmarks/suites/linear_ce_h200.py --tiny    # a CPU smoke run of the script
 
 Writes `<out>/linear_ce_<device>.{md,json}` stamped with the date, device and git commit.
@@ -173,7 +173,7 @@ def main() -> None:
     parser.add_argument("--tokens", default="4096,8192")
     parser.add_argument("--vocab", type=int, default=128256)
     parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--chunks", default="", help="extra chunk_rows to time, e.g. 256,512")
+    parser.add_argument("--chunks", default="128,256,1024", help="other chunk_rows to time")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=str(results_dir("linear_ce")))
     parser.add_argument("--tiny", action="store_true", help="a CPU smoke run at small sizes")

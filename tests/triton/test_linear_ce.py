@@ -142,7 +142,7 @@ def test_training_at_llama3_vocab_holds_less_than_the_logits_on_the_gpu():
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base
     gradients = h.numel() * 2 + w.numel() * 2
-    assert extra < gradients + 96 * 2**20, extra
+    assert extra < gradients + _math.CHUNK_BYTES + 32 * 2**20, extra
     want, grads = float64_reference(torch.ones((), device="cuda"), h.detach(), w.detach(),
                                     labels, None, "mean", 0.0)  # fmt: skip
     assert rel_error(loss, want) < 1e-3

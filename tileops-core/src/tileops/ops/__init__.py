@@ -21,6 +21,7 @@ from .attention import (
 )
 from .gemm import GemmCall, GemmInterface, GemmOp
 from .linear_cross_entropy import (
+    ChunkedLinearCrossEntropy,
     LinearCrossEntropyCall,
     LinearCrossEntropyFwdOp,
     LinearCrossEntropyGradInterface,
@@ -61,6 +62,7 @@ __all__ = [
     "BatchNormFwdOp",
     "BatchNormInferInterface",
     "BatchNormTrainInterface",
+    "ChunkedLinearCrossEntropy",
     "GemmCall",
     "GemmInterface",
     "GemmOp",

@@ -12,8 +12,11 @@ from __future__ import annotations
 import torch
 
 from tileops import CallSpec, Kernel
-from tileops.ops import LinearCrossEntropyGradInterface, LinearCrossEntropyInterface
-from tileops.ops.linear_cross_entropy import ChunkedLinearCrossEntropy
+from tileops.ops import (
+    ChunkedLinearCrossEntropy,
+    LinearCrossEntropyGradInterface,
+    LinearCrossEntropyInterface,
+)
 
 from ..declare import DEVICES, dtype_refusal
 

@@ -28,8 +28,12 @@ RowStep = Callable[[Tensor, Tensor, "Tensor | None", Tensor], None]
 """`step(logits, labels, scales, losses)`: write each row's loss into `losses` (compute dtype)
 and, when `scales` is given, overwrite `logits` with `scales[:, None] * dloss`."""
 
-CHUNK_BYTES = 32 * 2**20
-"""The budget of one chunk's logits block: the only (tokens x vocab) memory the op holds."""
+CHUNK_BYTES = 128 * 2**20
+"""The budget of one chunk's logits block: the only (tokens x vocab) memory the op holds.
+Each chunk also reads and writes the whole weight gradient once (its accumulation), so fewer,
+larger chunks keep that matmul compute-bound: 128 MiB is 512 rows of bfloat16 logits at a
+128K vocabulary, where the accumulation's arithmetic intensity (rows / 2 flop per byte)
+passes an H200's (about 200)."""
 
 REDUCTIONS = ("mean", "sum", "none")
 
