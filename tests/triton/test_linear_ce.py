@@ -147,3 +147,40 @@ def test_training_at_llama3_vocab_holds_less_than_the_logits_on_the_gpu():
                                     labels, None, "mean", 0.0)  # fmt: skip
     assert rel_error(loss, want) < 1e-3
     assert rel_error(h.grad, grads[0]) < 2e-2 and rel_error(w.grad, grads[1]) < 2e-2
+
+
+@interpreted
+def test_a_call_settled_on_the_triton_target_runs_the_kernels():
+    h, w, labels, b = problem(9, 16, 300, torch.float32, "cpu")
+    op = LinearCrossEntropyGradOp(chunk_rows=4, target="triton")
+    loss, gh, gw, gb = op(torch.ones(()), h, w, labels, b)
+    assert op.settled_target == "triton"
+    want, grads = float64_reference(torch.ones(()), h, w, labels, b, "mean", 0.0)
+    assert rel_error(loss, want) < 1e-5
+    for got, ref in zip((gh, gw, gb), grads, strict=True):
+        assert rel_error(got, ref) < 1e-5
+
+
+@pytest.mark.gpu
+def test_kernelize_loss_trains_a_bfloat16_llama_as_eager_on_the_gpu():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    eager = transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).train()
+    fused = transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).train()
+    fused.load_state_dict(eager.state_dict())
+    assert len(tnn.kernelize_loss(fused).swapped) == 1
+    ids = torch.randint(0, 32000, (2, 256), device="cuda")
+    labels = ids.clone()
+    labels[:, :16] = -100
+    losses = []
+    for model in (eager, fused):
+        out = model(ids, labels=labels)
+        out.loss.backward()
+        losses.append(out.loss.float())
+    assert abs(losses[0] - losses[1]).item() < 1e-2
+    for (name, p), q in zip(eager.named_parameters(), fused.parameters(), strict=True):
+        assert rel_error(q.grad, p.grad) < 3e-2, name

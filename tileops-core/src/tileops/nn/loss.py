@@ -48,8 +48,12 @@ def linear_cross_entropy(
     target (...) of class indices, the loss in float32 (float64 for float64 inputs); "none"
     returns target's shape. Under autocast the matmuls run in autocast's dtype, as F.linear."""
     config = (ignore_index, label_smoothing, reduction, chunk_rows)
-    LinearCrossEntropyFwdOp(*config)  # the op's own checks of the params, before any input
     _check_shapes(input, weight, target)
+    if not torch.compiler.is_compiling():  # the op's own checks of the params, built once
+        try:
+            op_for(LinearCrossEntropyFwdOp, input.device, *config)
+        except TypeError:  # an unhashable param: the op's constructor says what it expected
+            LinearCrossEntropyFwdOp(*config)
     hidden, labels = input.reshape(-1, input.shape[-1]), target.reshape(-1)
     scale = _normalizer(normalizer, input.device)
     device = input.device.type
