@@ -36,6 +36,8 @@ from .ops import (
     GemmFwdOp,
     GemmOp,
     LayerNormFwdOp,
+    LinearCrossEntropyFwdOp,
+    LinearCrossEntropyGradOp,
     RMSNormFwdOp,
     SoftmaxFwdOp,
 )
@@ -50,6 +52,8 @@ __version__ = "0.1.0"
 for _op in (BatchNormFwdOp, GemmFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp):
     _library.operator(_op)
 for _op in (AttentionFwdOp, AttentionBwdOp, AttentionDecodeOp, AttentionVarlenFwdOp):
+    _library.operator(_op)
+for _op in (LinearCrossEntropyFwdOp, LinearCrossEntropyGradOp):
     _library.operator(_op)
 
 __all__ = [
@@ -78,6 +82,8 @@ __all__ = [
     "KernelDeclarationError",
     "KernelInterface",
     "LayerNormFwdOp",
+    "LinearCrossEntropyFwdOp",
+    "LinearCrossEntropyGradOp",
     "NoImplementationError",
     "Op",
     "OpConfigError",

@@ -24,6 +24,8 @@ from tileops.ops import (
     GemmFwdOp,
     GemmOp,
     LayerNormFwdOp,
+    LinearCrossEntropyFwdOp,
+    LinearCrossEntropyGradOp,
     RMSNormFwdOp,
     SoftmaxFwdOp,
 )
@@ -31,6 +33,12 @@ from tileops.ops import (
 from . import target
 from .declare import DEVICES
 from .gemm.kernels import GEMM_KEY, TritonGemm
+from .linear_ce.kernels import (
+    LINEAR_CE_KEY,
+    TritonLinearCrossEntropy,
+    TritonLinearCrossEntropyGrad,
+    own_path_builder,
+)
 from .rows.backward_kernels import (
     BACKWARD_KEY,
     TritonLayerNormBackward,
@@ -65,6 +73,8 @@ register_kernel_type(GemmOp, GEMM_KEY, TritonGemm)
 register_kernel_type(LayerNormFwdOp, BACKWARD_KEY, TritonLayerNormBackward)
 register_kernel_type(RMSNormFwdOp, BACKWARD_KEY, TritonRMSNormBackward)
 register_kernel_type(SoftmaxFwdOp, BACKWARD_KEY, TritonSoftmaxBackward)
+register_kernel_type(LinearCrossEntropyFwdOp, LINEAR_CE_KEY, TritonLinearCrossEntropy)
+register_kernel_type(LinearCrossEntropyGradOp, LINEAR_CE_KEY, TritonLinearCrossEntropyGrad)
 
 register_detector(target=target.NAME, detect=target.claims_device)
 register_kernel_builder(op=LayerNormFwdOp, target=target.NAME, build_kernel=target.build_layer_norm)
@@ -73,6 +83,8 @@ register_kernel_builder(op=SoftmaxFwdOp, target=target.NAME, build_kernel=target
 register_kernel_builder(op=GemmOp, target=target.NAME, build_kernel=target.build_gemm)
 register_kernel_builder(op=GemmFwdOp, target=target.NAME, build_kernel=target.build_gemm_fwd)
 register_kernel_builder(op=BatchNormFwdOp, target=target.NAME, build_kernel=target.build_batch_norm)
+for own_op in (LinearCrossEntropyFwdOp, LinearCrossEntropyGradOp):
+    register_kernel_builder(op=own_op, target=target.NAME, build_kernel=own_path_builder(own_op))
 for attention_op in (AttentionFwdOp, AttentionBwdOp, AttentionDecodeOp, AttentionVarlenFwdOp):
     register_kernel_builder(
         op=attention_op, target=target.NAME, build_kernel=target.reference_builder(attention_op)

@@ -12,9 +12,11 @@ from __future__ import annotations
 from .activation import Softmax
 from .attention import MultiheadAttention
 from .batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
+from .causal_lm import kernelize_loss
 from .hf_attention import register_transformers_attention
 from .kernelize import KERNELIZED, KernelizeReport, Skipped, Swapped, kernelize
 from .linear import Linear
+from .loss import LinearCrossEntropyLoss, linear_cross_entropy
 from .normalization import LayerNorm, RMSNorm
 from .semantics import ModuleSemantics, declared_semantics, register_module_semantics
 
@@ -26,6 +28,7 @@ __all__ = [
     "KernelizeReport",
     "LayerNorm",
     "Linear",
+    "LinearCrossEntropyLoss",
     "ModuleSemantics",
     "MultiheadAttention",
     "RMSNorm",
@@ -34,6 +37,8 @@ __all__ = [
     "Swapped",
     "declared_semantics",
     "kernelize",
+    "kernelize_loss",
+    "linear_cross_entropy",
     "register_module_semantics",
     "register_transformers_attention",
 ]

@@ -27,6 +27,14 @@ from .gemm import (
     GemmOp,
     gemm_gradient_calls,
 )
+from .linear_cross_entropy import (
+    ChunkedLinearCrossEntropy,
+    LinearCrossEntropyCall,
+    LinearCrossEntropyFwdOp,
+    LinearCrossEntropyGradInterface,
+    LinearCrossEntropyGradOp,
+    LinearCrossEntropyInterface,
+)
 from .norm import (
     BatchNormCall,
     BatchNormFwdOp,
@@ -72,6 +80,7 @@ __all__ = [
     "BatchNormInferInterface",
     "BatchNormTrainInterface",
     "GemmBackward",
+    "ChunkedLinearCrossEntropy",
     "GemmCall",
     "GemmFwdOp",
     "GemmInterface",
@@ -83,6 +92,11 @@ __all__ = [
     "LayerNormInterface",
     "RMSNormBackwardCall",
     "RMSNormBackwardInterface",
+    "LinearCrossEntropyCall",
+    "LinearCrossEntropyFwdOp",
+    "LinearCrossEntropyGradInterface",
+    "LinearCrossEntropyGradOp",
+    "LinearCrossEntropyInterface",
     "RMSNormCall",
     "RMSNormFwdOp",
     "RMSNormInterface",
