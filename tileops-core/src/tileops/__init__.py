@@ -27,14 +27,17 @@ from .explanation import Explanation
 from .kernel import Kernel, KernelInterface
 from .op import BUILTIN, Op
 from .ops import (
+    AddRMSNormFwdOp,
     AttentionBwdOp,
     AttentionDecodeOp,
     AttentionFwdOp,
     AttentionVarlenFwdOp,
     BatchNormFwdOp,
     GemmOp,
+    GLUFwdOp,
     LayerNormFwdOp,
     RMSNormFwdOp,
+    RotaryFwdOp,
     SoftmaxFwdOp,
 )
 from .record import Record, record
@@ -49,9 +52,12 @@ for _op in (BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp):
     _library.operator(_op)
 for _op in (AttentionFwdOp, AttentionBwdOp, AttentionDecodeOp, AttentionVarlenFwdOp):
     _library.operator(_op)
+for _op in (AddRMSNormFwdOp, GLUFwdOp, RotaryFwdOp):
+    _library.operator(_op)
 
 __all__ = [
     "BUILTIN",
+    "AddRMSNormFwdOp",
     "AmbiguousDispatchError",
     "AmbiguousTargetError",
     "ArgumentError",
@@ -66,6 +72,7 @@ __all__ = [
     "ControlError",
     "DeviceFacts",
     "Explanation",
+    "GLUFwdOp",
     "GemmOp",
     "Input",
     "Kernel",
@@ -82,6 +89,7 @@ __all__ = [
     "RMSNormFwdOp",
     "Record",
     "Requirements",
+    "RotaryFwdOp",
     "Signature",
     "SoftmaxFwdOp",
     "TensorSpec",

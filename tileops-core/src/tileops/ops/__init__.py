@@ -19,6 +19,17 @@ from .attention import (
     AttentionVarlenFwdOp,
     AttentionVarlenInterface,
 )
+from .fused import (
+    AddRMSNormCall,
+    AddRMSNormFwdOp,
+    AddRMSNormInterface,
+    GLUCall,
+    GLUFwdOp,
+    GLUInterface,
+    RotaryCall,
+    RotaryFwdOp,
+    RotaryInterface,
+)
 from .gemm import GemmCall, GemmInterface, GemmOp
 from .norm import (
     BatchNormCall,
@@ -35,6 +46,9 @@ from .norm import (
 from .softmax import SoftmaxCall, SoftmaxFwdOp, SoftmaxInterface
 
 __all__ = [
+    "AddRMSNormCall",
+    "AddRMSNormFwdOp",
+    "AddRMSNormInterface",
     "AttentionBwdInterface",
     "AttentionBwdOp",
     "AttentionCall",
@@ -54,6 +68,9 @@ __all__ = [
     "BatchNormFwdOp",
     "BatchNormInferInterface",
     "BatchNormTrainInterface",
+    "GLUCall",
+    "GLUFwdOp",
+    "GLUInterface",
     "GemmCall",
     "GemmInterface",
     "GemmOp",
@@ -63,6 +80,9 @@ __all__ = [
     "RMSNormCall",
     "RMSNormFwdOp",
     "RMSNormInterface",
+    "RotaryCall",
+    "RotaryFwdOp",
+    "RotaryInterface",
     "SoftmaxCall",
     "SoftmaxFwdOp",
     "SoftmaxInterface",
