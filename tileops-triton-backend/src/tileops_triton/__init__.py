@@ -16,19 +16,34 @@ from tileops.backend import (
     register_kernel_type,
 )
 from tileops.ops import (
+    AddRMSNormFwdOp,
     AttentionBwdOp,
     AttentionDecodeOp,
     AttentionFwdOp,
     AttentionVarlenFwdOp,
     BatchNormFwdOp,
     GemmOp,
+    GLUFwdOp,
     LayerNormFwdOp,
     RMSNormFwdOp,
+    RotaryFwdOp,
     SoftmaxFwdOp,
 )
 
 from . import target
 from .declare import DEVICES
+from .fused.kernels import (
+    ADD_RMS_NORM_KEY,
+    BACKWARD_KEY,
+    GLU_KEY,
+    ROTARY_KEY,
+    TritonAddRMSNorm,
+    TritonAddRMSNormBackward,
+    TritonGLU,
+    TritonGLUBackward,
+    TritonRotary,
+    TritonRotaryBackward,
+)
 from .gemm.kernels import GEMM_KEY, TritonGemm
 from .rows.kernels import (
     LAYER_NORM_KEY,
@@ -55,6 +70,12 @@ register_kernel_type(LayerNormFwdOp, LAYER_NORM_KEY, TritonLayerNorm)
 register_kernel_type(RMSNormFwdOp, RMS_NORM_KEY, TritonRMSNorm)
 register_kernel_type(SoftmaxFwdOp, SOFTMAX_KEY, TritonSoftmax)
 register_kernel_type(GemmOp, GEMM_KEY, TritonGemm)
+register_kernel_type(AddRMSNormFwdOp, ADD_RMS_NORM_KEY, TritonAddRMSNorm)
+register_kernel_type(AddRMSNormFwdOp, BACKWARD_KEY, TritonAddRMSNormBackward)
+register_kernel_type(GLUFwdOp, GLU_KEY, TritonGLU)
+register_kernel_type(GLUFwdOp, BACKWARD_KEY, TritonGLUBackward)
+register_kernel_type(RotaryFwdOp, ROTARY_KEY, TritonRotary)
+register_kernel_type(RotaryFwdOp, BACKWARD_KEY, TritonRotaryBackward)
 
 register_detector(target=target.NAME, detect=target.claims_device)
 register_kernel_builder(op=LayerNormFwdOp, target=target.NAME, build_kernel=target.build_layer_norm)
@@ -65,4 +86,9 @@ register_kernel_builder(op=BatchNormFwdOp, target=target.NAME, build_kernel=targ
 for attention_op in (AttentionFwdOp, AttentionBwdOp, AttentionDecodeOp, AttentionVarlenFwdOp):
     register_kernel_builder(
         op=attention_op, target=target.NAME, build_kernel=target.reference_builder(attention_op)
+    )
+# The fused ops on target "triton" (ROCm): their torch definitions, as for attention.
+for fused_op in (AddRMSNormFwdOp, GLUFwdOp, RotaryFwdOp):
+    register_kernel_builder(
+        op=fused_op, target=target.NAME, build_kernel=target.reference_builder(fused_op)
     )
