@@ -95,7 +95,8 @@ BUILTIN: dict[str, dict] = {
 # -- fused ops ---------------------------------------------------------------------------------
 # Gated MLPs whose forward is `down_proj(act_fn(gate_proj(x)) * up_proj(x))`, and modeling
 # modules whose `apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)` is Llama's (rotate_half,
-# tables as given): both read in transformers 5.x and checked against Llama's source, entry by
+# tables as given) or Phi-3's (the same over the tables' width, the rest of head_dim passed
+# through): read in transformers 5.x and checked against Llama's and Phi-3's source, entry by
 # entry, in tests/core/test_kernelize_fused.py.
 GATED_MLP_FAMILY = {
     "llama": "LlamaMLP",
@@ -149,6 +150,12 @@ ROTARY_FAMILY = (
 GATED_MLPS = frozenset(
     f"{_MODELS}.{module}.modeling_{module}.{name}" for module, name in GATED_MLP_FAMILY.items()
 )
-ROTARY_FUNCTIONS = frozenset(
-    f"{_MODELS}.{module}.modeling_{module}.apply_rotary_pos_emb" for module in ROTARY_FAMILY
-)
+PARTIAL_ROTARY_FAMILY = ("phi3", "phi4_multimodal")
+
+ROTARY_FUNCTIONS: dict[str, bool] = {
+    f"{_MODELS}.{module}.modeling_{module}.apply_rotary_pos_emb": partial
+    for modules, partial in ((ROTARY_FAMILY, False), (PARTIAL_ROTARY_FAMILY, True))
+    for module in modules
+}
+"""Each declared `apply_rotary_pos_emb` by dotted path: whether it rotates tables narrower than
+head_dim (partial rotary) rather than failing on them."""

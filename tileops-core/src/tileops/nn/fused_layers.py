@@ -113,7 +113,9 @@ def _generated(cls: type[nn.Module], kind: str) -> type[_Fused]:
     else:
         base, what = RotaryAttention, f"{ROTARY_NAME} through RotaryFwdOp"
         original = _rotary_function(cls)
-        namespace["forward"] = _rebound(cls.forward, ROTARY_NAME, _tileops_rotary(original))
+        partial = ROTARY_FUNCTIONS[dotted_path(original)]
+        replacement = _tileops_rotary(original, partial)
+        namespace["forward"] = _rebound(cls.forward, ROTARY_NAME, replacement)
     namespace["__doc__"] = f"`{cls.__qualname__}` computing {what}."
     namespace["computes"] = what
     return type(cls.__name__, (base, cls), namespace)
@@ -177,12 +179,13 @@ def _holds(cell: types.CellType, value: object) -> bool:
         return False
 
 
-def _tileops_rotary(original: Callable[..., Any]) -> Callable[..., Any]:
+def _tileops_rotary(original: Callable[..., Any], partial: bool) -> Callable[..., Any]:
     """`apply_rotary_pos_emb` through `RotaryFwdOp` where the op serves the call exactly as
-    `original` computes it (full-width tables of the inputs' dtype), else `original`."""
+    `original` computes it (tables of the inputs' dtype, full-width unless `original` rotates
+    partially), else `original`."""
 
     def rotary(q, k, cos, sin, unsqueeze_dim=1):  # noqa: ANN001, ANN202 (transformers' names)
-        if _served(q, k, cos, sin, unsqueeze_dim):
+        if _served(q, k, cos, sin, unsqueeze_dim, partial):
             return apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
         return original(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)
 
@@ -191,7 +194,7 @@ def _tileops_rotary(original: Callable[..., Any]) -> Callable[..., Any]:
     return rotary
 
 
-def _served(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any) -> bool:
+def _served(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any, partial: bool) -> bool:
     tensors = (q, k, cos, sin)
     if not all(isinstance(t, torch.Tensor) for t in tensors) or unsqueeze_dim not in HEADS_DIM:
         return False
@@ -201,9 +204,11 @@ def _served(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any) -> bool:
         return False
     heads = HEADS_DIM[unsqueeze_dim]
     seq, batch = q.shape[3 - heads], q.shape[0]
+    rot, head_dim = cos.shape[-1], q.shape[-1]
     return (
-        cos.shape[-1] == q.shape[-1] == k.shape[-1]
-        and cos.shape[-1] % 2 == 0
+        (rot == head_dim or (partial and 2 <= rot < head_dim))
+        and rot % 2 == 0
+        and k.shape[-1] == head_dim
         and k.shape[0] == batch
         and k.shape[3 - heads] == seq
         and cos.shape[0] in (1, batch)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from ...backward import BackwardInterface, RecomputeBackward
+from ...backward import BackwardInterface
 from ...callspec import CallSpec
 from ...errors import OpInputError
 from ...kernel import KernelInterface
@@ -28,7 +28,7 @@ from .._common import (
     upcasts,
 )
 from ..norm.rms_norm import DEFAULT_EPS
-from ._outputs import call_kernel
+from ._outputs import PartialRecomputeBackward, call_kernel
 
 if TYPE_CHECKING:
     from ...samples import Case
@@ -103,7 +103,10 @@ class AddRMSNormFwdOp(Op):
 
     namespace = "tileops"
     interfaces = {"add_rms_norm": AddRMSNormInterface, "backward": BackwardInterface}
-    kernel_types = {"reference": AddRMSNormReference, "reference_backward": RecomputeBackward}
+    kernel_types = {
+        "reference": AddRMSNormReference,
+        "reference_backward": PartialRecomputeBackward,
+    }
     signature = Signature(
         (X, RESIDUAL, WEIGHT),
         {"normalized_shape": "int[]", "eps": "float?"},

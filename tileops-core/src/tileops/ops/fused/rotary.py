@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ...backward import BackwardInterface, RecomputeBackward
+from ...backward import BackwardInterface
 from ...callspec import CallSpec
 from ...errors import OpConfigError, OpInputError
 from ...kernel import KernelInterface
 from ...op import Op
 from ...signature import BATCH, BoundCall, Input, Output, Signature
 from .._common import ReferenceKernel, int_param, sample_case, upcasts
+from ._outputs import PartialRecomputeBackward
 
 if TYPE_CHECKING:
     from ...samples import Case
@@ -105,7 +106,7 @@ class RotaryFwdOp(Op):
 
     namespace = "tileops"
     interfaces = {"rotary": RotaryInterface, "backward": BackwardInterface}
-    kernel_types = {"reference": RotaryReference, "reference_backward": RecomputeBackward}
+    kernel_types = {"reference": RotaryReference, "reference_backward": PartialRecomputeBackward}
     signature = Signature(
         (
             Input("q", (BATCH,)),
