@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from tileops import Kernel
-from tileops.backend import Build
+from tileops.backend import RMS_NORM_DEFAULT_EPS, Build
 from tileops.ops import (
     AddRMSNormCall,
     AddRMSNormInterface,
@@ -27,9 +27,6 @@ from tileops.ops import (
     RotaryCall,
     RotaryInterface,
 )
-from tileops.ops.fused.add_rms_norm import DEFAULT_EPS
-from tileops.ops.fused.glu import _rows as glu_rows
-from tileops.ops.fused.rotary import HEADS_DIM, heads_second
 
 from ..declare import DEVICES, dtype_refusal
 from . import launch
@@ -103,7 +100,7 @@ class TritonAddRMSNormBackward(TritonFused, BackwardInterface):
         x, residual, weight = inputs
         dy, dh = grads
         n = self.n
-        eps = DEFAULT_EPS[x.dtype] if self.eps is None else self.eps
+        eps = RMS_NORM_DEFAULT_EPS[x.dtype] if self.eps is None else self.eps
         rows = [t.contiguous().view(-1, n) for t in (x, residual, dy)]
         dh = None if dh is None else dh.contiguous().view(-1, n)
         w = None if weight is None else weight.contiguous().view(n)
@@ -202,15 +199,27 @@ class TritonRotaryBackward(TritonFused, BackwardInterface):
             torch.empty_like(k, memory_format=torch.contiguous_format),
         )
         if q.numel() and k.numel():
-            seq = q.shape[3 - HEADS_DIM[self.unsqueeze_dim]]
-            shape = (q.shape[0], seq, cos.shape[-1])
             views = [heads_second(t, self.unsqueeze_dim) for t in (dq_out, dk_out, dq, dk)]
+            shape = (q.shape[0], views[0].shape[2], cos.shape[-1])
             tables = cos.expand(shape), sin.expand(shape)
             q_, k_, c_, s_ = _unit_strides(views[0], views[1], *tables)
             launch.rotary(q_, k_, c_, s_, views[2], views[3], backward=True)
         else:
             dq, dk = dq_out.clone(), dk_out.clone()
         return dq if self.needs[0] else None, dk if self.needs[1] else None, None, None
+
+
+def glu_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """`t` as (rows, n) with unit stride along n, a view where one exists (GLUInterface's
+    layout: a packed input's half keeps its row stride)."""
+    rows = t.reshape(-1, n)
+    return rows if rows.stride(-1) == 1 or n == 1 else rows.contiguous()
+
+
+def heads_second(t: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
+    """`t` as RotaryInterface's (batch, heads, seq, head_dim) view: heads are on dim 1 for
+    unsqueeze_dim 1 (or -3), on dim 2 for 2 (or -2)."""
+    return t if unsqueeze_dim in (1, -3) else t.transpose(1, 2)
 
 
 def _unit_strides(q, k, cos, sin) -> tuple:  # noqa: ANN001
