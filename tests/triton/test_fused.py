@@ -278,3 +278,32 @@ def test_add_rms_norm_gradients_of_x_and_residual_do_not_alias():
     out64, h64 = add_rms_norm(x64, x64, w.detach().double(), (n,), 1e-6)
     (out64.sum() + 2 * h64.sum()).backward()
     assert rel_error(x.grad, x64.grad) < 1e-5
+
+
+def test_calls_a_program_cannot_hold_stay_with_the_references():
+    from tileops.ops import AddRMSNormCall, BackwardCall, GLUCall
+    from tileops_triton.fused import kernels, launch
+
+    cpu = torch.device("cpu")
+    call = AddRMSNormCall(device=cpu, n=launch.MAX_ROW + 1, eps=1e-6, dtype=torch.float32)
+    assert f"exceed the {launch.MAX_ROW} one program holds" in kernels.TritonAddRMSNorm.refusal(
+        call
+    )
+
+    def backward(op, params, dtypes, needs):
+        return BackwardCall(device=cpu, op=op.op_name, params=params, dtypes=dtypes, needs=needs)
+
+    n = launch.BACKWARD_MAX_ROW + 1
+    call = backward(AddRMSNormFwdOp, (("normalized_shape", (n,)), ("eps", None)),
+                    (torch.bfloat16,) * 3, (True,) * 3)  # fmt: skip
+    reason = kernels.TritonAddRMSNormBackward.refusal(call)
+    assert f"exceed the {launch.BACKWARD_MAX_ROW} one program holds" in reason
+    call = GLUCall(device=cpu, act="silu", dtype=torch.float64)
+    assert "serve float16, bfloat16 and float32, not torch.float64" in kernels.TritonGLU.refusal(
+        call
+    )
+    call = backward(GLUFwdOp, (("act", "silu"),), (torch.float64,) * 2, (True, True))
+    assert "not torch.float64" in kernels.TritonGLUBackward.refusal(call)
+    call = backward(RotaryFwdOp, (("unsqueeze_dim", 1),), (torch.float32,) * 4,
+                    (True, True, False, True))  # fmt: skip
+    assert "no gradient for cos and sin" in kernels.TritonRotaryBackward.refusal(call)

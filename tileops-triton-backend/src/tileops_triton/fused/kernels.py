@@ -35,11 +35,10 @@ ADD_RMS_NORM_KEY = GLU_KEY = ROTARY_KEY = "triton"
 BACKWARD_KEY = "triton_backward"
 
 
-def _row_refusal(n: int) -> str | None:
-    if n > launch.MAX_ROW:
+def _row_refusal(n: int, limit: int = launch.MAX_ROW) -> str | None:
+    if n > limit:
         return (
-            f"rows of {n} elements exceed the {launch.MAX_ROW} one program holds; the reference "
-            "serves them"
+            f"rows of {n} elements exceed the {limit} one program holds; the reference serves them"
         )
     return None
 
@@ -85,7 +84,8 @@ class TritonAddRMSNormBackward(TritonFused, BackwardInterface):
     @classmethod
     def refusal(cls, call: BackwardCall) -> str | None:
         params = dict(call.params)
-        return _backward_dtype_refusal(call) or _row_refusal(math.prod(params["normalized_shape"]))
+        n = math.prod(params["normalized_shape"])
+        return _backward_dtype_refusal(call) or _row_refusal(n, launch.BACKWARD_MAX_ROW)
 
     @classmethod
     def entry_for(cls, call: BackwardCall) -> tuple[Hashable, Build]:

@@ -9,8 +9,12 @@ import torch
 
 from ..compile import cdiv, next_pow2
 
-MAX_ROW = 65536
-"""The longest add + RMSNorm row held whole by one program; longer ones stay with the reference."""
+MAX_ROW = 16384
+"""The longest add + RMSNorm row held whole by one forward program; longer ones stay with the
+reference."""
+BACKWARD_MAX_ROW = 8192
+"""The longest row the backward program holds without spilling; longer ones stay with the
+recompute reference."""
 ACTIVATIONS = {"silu": 0, "gelu": 1, "gelu_tanh": 2}
 GLU_BLOCK = 1024
 PARTS_PER_SM = 4  # add + RMSNorm backward: programs per multiprocessor, each a block of rows
@@ -18,7 +22,15 @@ INTERPRETER_PARTS = 4
 
 
 def _row_warps(block: int) -> int:
+    """The forward's warps for a row block: 16 elements of each array per thread up to 8K."""
     return max(1, min(block // 512, 16))
+
+
+def _backward_warps(block: int) -> int:
+    """The backward holds more arrays (x, residual, dy, the weight, dweight's sums): 4 elements
+    of each per thread up to 4K, 8 at 8K (ptxas: no spills on sm_80 and sm_90 up to
+    `BACKWARD_MAX_ROW`; tests/triton/test_fused_compile.py)."""
+    return max(1, min(block // 128, 32))
 
 
 def add_rms_norm(
@@ -65,7 +77,7 @@ def add_rms_norm_backward(
     programs.add_rms_norm_bwd[(parts,)](
         x, residual, x if weight is None else weight, dy, dy if dh is None else dh, dx,
         dx if partial is None else partial, rows, n, eps, per_program, BLOCK=block,
-        HAS_W=weight is not None, HAS_DH=dh is not None, num_warps=_row_warps(block),
+        HAS_W=weight is not None, HAS_DH=dh is not None, num_warps=_backward_warps(block),
     )  # fmt: skip
     dweight = None if partial is None else partial.sum(0).to(weight.dtype)
     return dx, dweight

@@ -15,9 +15,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-SQRT_HALF = 0.7071067811865476
-SQRT_2_OVER_PI = 0.7978845608028654
-INV_SQRT_2PI = 0.3989422804014327
+# Constants appear as literals in the programs (compiled Triton takes module globals only as
+# constexprs, which its interpreter cannot multiply by a tensor): 1/sqrt(2) = 0.7071067811865476,
+# sqrt(2/pi) = 0.7978845608028654, 1/sqrt(2*pi) = 0.3989422804014327.
 
 
 @triton.jit
@@ -85,9 +85,9 @@ def _act(g, ACT: tl.constexpr):
     if ACT == 0:
         a = g * _sigmoid(g)
     elif ACT == 1:
-        a = 0.5 * g * (1.0 + tl.math.erf(g * SQRT_HALF))
+        a = 0.5 * g * (1.0 + tl.math.erf(g * 0.7071067811865476))
     else:
-        a = 0.5 * g * (1.0 + _tanh(SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)))
+        a = 0.5 * g * (1.0 + _tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
     return a
 
 
@@ -99,13 +99,13 @@ def _act_and_slope(g, ACT: tl.constexpr):
         a = g * s
         slope = s * (1.0 + g * (1.0 - s))
     elif ACT == 1:
-        cdf = 0.5 * (1.0 + tl.math.erf(g * SQRT_HALF))
+        cdf = 0.5 * (1.0 + tl.math.erf(g * 0.7071067811865476))
         a = g * cdf
-        slope = cdf + g * INV_SQRT_2PI * tl.exp(-0.5 * g * g)
+        slope = cdf + g * 0.3989422804014327 * tl.exp(-0.5 * g * g)
     else:
-        t = _tanh(SQRT_2_OVER_PI * (g + 0.044715 * g * g * g))
+        t = _tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))
         a = 0.5 * g * (1.0 + t)
-        inner = SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * g * g)
+        inner = 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * g * g)
         slope = 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * inner
     return a, slope
 
