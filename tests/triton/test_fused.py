@@ -307,3 +307,34 @@ def test_calls_a_program_cannot_hold_stay_with_the_references():
     call = backward(RotaryFwdOp, (("unsqueeze_dim", 1),), (torch.float32,) * 4,
                     (True, True, False, True))  # fmt: skip
     assert "no gradient for cos and sin" in kernels.TritonRotaryBackward.refusal(call)
+
+
+@interpreted
+def test_a_kernelized_llama_trains_on_the_triton_kernels_as_eager():
+    """transformers' own layouts reach the kernels: q and k as transposed views, the MLP's
+    gate and up from two projections, cos/sin from the rotary embedding."""
+    import copy
+
+    transformers = pytest.importorskip("transformers")
+    import tileops.nn as tnn
+
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=32,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    reference = transformers.LlamaForCausalLM(config)
+    model = copy.deepcopy(reference)
+    tnn.kernelize(model)
+    batch = torch.randint(3, 64, (2, 7), generator=torch.Generator().manual_seed(0))
+    with tileops.record() as record:
+        loss = model(batch, labels=batch).loss
+        loss.backward()
+    expected = reference(batch, labels=batch).loss
+    expected.backward()
+    keys = served_keys(record)
+    for op, forward in (("GLUFwdOp", "glu"), ("RotaryFwdOp", "rotary")):
+        assert keys[(op, forward)] == "triton" and keys[(op, "backward")] == "triton_backward"
+    torch.testing.assert_close(loss, expected, rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
