@@ -267,3 +267,24 @@ def test_gradient_accumulation_over_four_micro_batches_matches_one_batch(device,
         torch.testing.assert_close(
             g, e, msg=f"parameter {k}", **{"rtol": 1e-5, "atol": 1e-6, **tolerance}
         )
+
+
+def test_a_fused_llama_compiles_without_graph_breaks_and_trains_as_eager():
+    """Dynamo traces the rebound attention forward (its own globals) and the ops' operators."""
+    import torch._dynamo
+
+    reference = build(num_hidden_layers=1)
+    model = copy.deepcopy(reference)
+    tnn.kernelize(model)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.compile(model, backend="aot_eager")
+    batch = tokens()
+    loss = compiled(batch, labels=batch).loss
+    loss.backward()
+    expected = reference(batch, labels=batch).loss
+    expected.backward()
+    assert not torch._dynamo.utils.counters["graph_break"]
+    torch.testing.assert_close(loss, expected)
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
