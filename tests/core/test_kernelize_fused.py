@@ -288,3 +288,55 @@ def test_a_fused_llama_compiles_without_graph_breaks_and_trains_as_eager():
     torch.testing.assert_close(loss, expected)
     for p, q in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+
+
+def _attention_class(decorate):
+    """An attention-like class whose forward calls Llama's `apply_rotary_pos_emb` by its
+    global name, under `decorate`."""
+    scope = {"apply_rotary_pos_emb": modeling_llama.apply_rotary_pos_emb, "nn": nn}
+    exec(  # a module of its own: the forward's globals are this scope
+        "class Attention(nn.Module):\n"
+        "    def forward(self, q, k, cos, sin):\n"
+        "        return apply_rotary_pos_emb(q, k, cos, sin)\n",
+        scope,
+    )
+    cls = scope["Attention"]
+    cls.forward = decorate(cls.forward)
+    return cls
+
+
+def test_decorated_forwards_are_rebound_through_closures_or_left_alone():
+    import functools
+
+    from tileops.nn.fused_layers import fused_class
+
+    def closure(func):
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            return func(*args, **kwargs)
+
+        return wrapper
+
+    class Calls:  # where the wrapper below holds the function: not in a closure cell
+        held = None
+
+    def opaque(func):
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            return Calls.held(*args, **kwargs)
+
+        Calls.held = func
+        return wrapper
+
+    served = _attention_class(closure)
+    generated = fused_class(served)
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 1, 3, 8)
+    cos, sin = torch.randn(1, 3, 8), torch.randn(1, 3, 8)
+    module = served()
+    module.__class__ = generated
+    with tileops.record() as record:
+        got = module(q, k, cos, sin)
+    assert {s.op for s in record.counts} == {"tileops::RotaryFwdOp"}
+    for g, e in zip(got, modeling_llama.apply_rotary_pos_emb(q, k, cos, sin), strict=True):
+        torch.testing.assert_close(g, e)
+    assert fused_class(_attention_class(opaque)) is None

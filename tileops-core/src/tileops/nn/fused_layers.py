@@ -140,14 +140,19 @@ def _rotary_function(cls: type) -> Callable[..., Any] | None:
 
 
 def _innermost(func: object) -> types.FunctionType | None:
+    """The function under `func`'s decorators, where each holds the one it wraps in a closure
+    cell (so that `_rebound` can rebuild it around another); else None."""
     while isinstance(func, types.FunctionType) and hasattr(func, "__wrapped__"):
+        if not any(_holds(cell, func.__wrapped__) for cell in func.__closure__ or ()):
+            return None
         func = func.__wrapped__
     return func if isinstance(func, types.FunctionType) else None
 
 
 def _rebound(func: types.FunctionType, name: str, value: object) -> types.FunctionType:
     """`func` with global `name` resolved to `value`; through decorators made with
-    functools.wraps that hold the function they wrap in a closure cell, rebuilt around it."""
+    functools.wraps that hold the function they wrap in a closure cell (`_innermost` checked
+    that they all do), rebuilt around it."""
     wrapped = getattr(func, "__wrapped__", None)
     if wrapped is None:
         scope = dict(func.__globals__)
@@ -157,11 +162,8 @@ def _rebound(func: types.FunctionType, name: str, value: object) -> types.Functi
     else:
         inner = _rebound(wrapped, name, value)
         cells = tuple(
-            types.CellType(inner) if _holds(cell, wrapped) else cell
-            for cell in func.__closure__ or ()
+            types.CellType(inner) if _holds(cell, wrapped) else cell for cell in func.__closure__
         )
-        if not any(_holds(cell, wrapped) for cell in func.__closure__ or ()):
-            raise TypeError(f"{func.__qualname__} does not hold the function it wraps")
         new = types.FunctionType(func.__code__, func.__globals__, func.__name__,
                                  func.__defaults__, cells)  # fmt: skip
     functools.update_wrapper(new, func, updated=())

@@ -51,6 +51,8 @@ def _backward_dtype_refusal(call: BackwardCall) -> str | None:
 
 
 class TritonFused(Kernel):
+    """Where every fused-op kernel runs: any CUDA arch Triton supports (CPU when interpreted)."""
+
     devices = DEVICES
     supported_archs = None
 
