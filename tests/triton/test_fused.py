@@ -118,16 +118,16 @@ def check_glu(shape, dtype, device, act, packed=False):
 
 def check_rotary(batch, q_heads, k_heads, seq, head_dim, rot, dtype, device, unsqueeze_dim=1,
                  table_batch=None, strided=False):  # fmt: skip
-    def heads(h):
+    def heads(h, seed):
         if unsqueeze_dim == 1 and strided:  # transformers' q: a transposed (batch, seq, h, d)
-            return randn(batch, seq, h, head_dim, dtype=dtype, device=device, seed=h).transpose(
-                1, 2
-            )
+            t = randn(batch, seq, h, head_dim, dtype=dtype, device=device, seed=seed)
+            return t.transpose(1, 2)
         if unsqueeze_dim == 1:
-            return randn(batch, h, seq, head_dim, dtype=dtype, device=device, seed=h)
-        return randn(batch, seq, h, head_dim, dtype=dtype, device=device, seed=h)
+            return randn(batch, h, seq, head_dim, dtype=dtype, device=device, seed=seed)
+        return randn(batch, seq, h, head_dim, dtype=dtype, device=device, seed=seed)
 
-    q, k = leaves(heads(q_heads), heads(k_heads + 100))
+    q, k = leaves(heads(q_heads, 0), heads(k_heads, 1))
+    assert q.shape[unsqueeze_dim] == q_heads and k.shape[unsqueeze_dim] == k_heads
     tb = batch if table_batch is None else table_batch
     cos = randn(tb, seq, rot, dtype=dtype, device=device, seed=3)
     sin = randn(tb, seq, rot, dtype=dtype, device=device, seed=4)
