@@ -340,3 +340,32 @@ def test_decorated_forwards_are_rebound_through_closures_or_left_alone():
     for g, e in zip(got, modeling_llama.apply_rotary_pos_emb(q, k, cos, sin), strict=True):
         torch.testing.assert_close(g, e)
     assert fused_class(_attention_class(opaque)) is None
+
+
+def test_a_declared_class_or_function_that_computes_something_else_is_skipped(monkeypatch):
+    """A library may change what a declared class computes: a probe catches it before the
+    swap (here the MLP's gate and up trade places, the rotary function turns the other way)."""
+    from tileops.nn import fused_layers
+
+    def swapped_mlp(self, x):
+        return self.down_proj(self.act_fn(self.up_proj(x)) * self.gate_proj(x))
+
+    def turned(q, k, cos, sin, unsqueeze_dim=1):
+        return modeling_llama.apply_rotary_pos_emb(q, k, cos, -sin, unsqueeze_dim)
+
+    turned.__module__, turned.__qualname__ = modeling_llama.__name__, "apply_rotary_pos_emb"
+    monkeypatch.setattr(modeling_llama.LlamaMLP, "forward", swapped_mlp)
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", turned)
+    monkeypatch.setattr(fused_layers, "_MLP_PROBES", {})
+    fused_layers._rotary_probe.cache_clear()
+    try:
+        report = tnn.kernelize(build())
+    finally:
+        fused_layers._rotary_probe.cache_clear()
+    skipped = {s.name: s.reason for s in report.skipped}
+    assert report.fused == []
+    assert (
+        "differs from down_proj(act_fn(gate_proj(x)) * up_proj(x))" in skipped["model.layers.0.mlp"]
+    )
+    reason = skipped["model.layers.0.self_attn"]
+    assert "modeling_llama.apply_rotary_pos_emb differs from the op on a probe input" in reason

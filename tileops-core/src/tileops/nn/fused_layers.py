@@ -9,6 +9,9 @@ code, unchanged, with its global `apply_rotary_pos_emb` resolved to tileops' (th
 module-level name of the modeling file: rebinding the same code object to other globals serves
 it per class, with no copy of the model's code and nothing patched in transformers' modules).
 
+Before a swap, a probe checks that the class's forward (the MLP's, on a small stand-in) or the
+declared function (rotary's) still computes what is declared.
+
 The residual add + RMSNorm of a decoder layer is not reached: its adds are written inline in
 each decoder layer's forward, which only a copy of that code could change; `AddRMSNorm` and
 `add_rms_norm` serve code written for them.
@@ -86,13 +89,72 @@ class FusedMLP(_Fused):
                 f"its act_fn is {type(act).__qualname__}, which is none of the GLU activations "
                 "(SiLU, GELU, GELU tanh)"
             )
-        return super().refusal(module)
+        return super().refusal(module) or _mlp_probe(cls.torch_type, act)
 
 
 class RotaryAttention(_Fused):
     """An attention class whose forward's `apply_rotary_pos_emb` runs `RotaryFwdOp`."""
 
     kind = "rotary_attention"
+
+    @classmethod
+    def refusal(cls, module: nn.Module) -> str | None:
+        function = _rotary_function(cls.torch_type)
+        if not _rotary_probe(function):
+            return (
+                f"its {dotted_path(function)} differs from the op on a probe input: the "
+                "function no longer computes what is declared for it"
+            )
+        return super().refusal(module)
+
+
+def _mlp_probe(cls: type[nn.Module], act: nn.Module) -> str | None:
+    """Why `cls.forward` does not compute the gated MLP with `act` on a probe, or None.
+
+    A declaration names a class, and a library may change what it computes between versions;
+    the probe runs the class's forward on a small stand-in holding the same attributes (small
+    projections, the instance's act_fn), in float32 on the CPU, once per class and act."""
+    key = (cls, type(act), getattr(act, "approximate", None))
+    if key not in _MLP_PROBES:
+        _MLP_PROBES[key] = _probe_mlp(cls, act)
+    return _MLP_PROBES[key]
+
+
+_MLP_PROBES: dict[tuple, str | None] = {}
+
+
+def _probe_mlp(cls: type[nn.Module], act: nn.Module) -> str | None:
+    generator = torch.Generator().manual_seed(0)
+    stand_in = nn.Module()
+    for name, (n_in, n_out) in {
+        "gate_proj": (8, 12),
+        "up_proj": (8, 12),
+        "down_proj": (12, 8),
+    }.items():
+        linear = nn.Linear(n_in, n_out, bias=False)
+        with torch.no_grad():
+            linear.weight.copy_(torch.randn(n_out, n_in, generator=generator))
+        setattr(stand_in, name, linear)
+    stand_in.act_fn = act
+    x = torch.randn(3, 8, generator=generator)
+    with torch.no_grad():
+        try:
+            theirs = cls.forward(stand_in, x)
+        except Exception as exc:  # it reads more than a gated MLP holds
+            return (
+                f"its forward fails on a plain gated MLP's attributes ({type(exc).__name__}: {exc})"
+            )
+        ours = stand_in.down_proj(
+            glu(stand_in.gate_proj(x), stand_in.up_proj(x), glu_activation(act))
+        )
+    if not (
+        isinstance(theirs, torch.Tensor) and torch.allclose(theirs, ours, rtol=1e-5, atol=1e-5)
+    ):
+        return (
+            "its forward differs from down_proj(act_fn(gate_proj(x)) * up_proj(x)) on a probe "
+            "input: the class no longer computes what is declared for it"
+        )
+    return None
 
 
 def fused_class(cls: type[nn.Module]) -> type[_Fused] | None:
@@ -137,6 +199,34 @@ def _rotary_function(cls: type) -> Callable[..., Any] | None:
     if not callable(found) or dotted_path(found) not in ROTARY_FUNCTIONS:
         return None
     return found
+
+
+@functools.cache
+def _rotary_probe(function: Callable[..., Any]) -> bool:
+    """Whether the declared `function` computes the op on a probe (float32, GQA heads, tables
+    whose halves differ; narrower tables too where it is declared partial): a library may
+    change what a function computes between versions."""
+    generator = torch.Generator().manual_seed(0)
+    widths = (8, 4) if ROTARY_FUNCTIONS[dotted_path(function)] else (8,)
+    q, k = (
+        torch.randn(2, 4, 3, 8, generator=generator),
+        torch.randn(2, 2, 3, 8, generator=generator),
+    )
+    for rot in widths:
+        cos, sin = (
+            torch.randn(2, 3, rot, generator=generator),
+            torch.randn(2, 3, rot, generator=generator),
+        )
+        try:
+            theirs = function(q, k, cos, sin)
+        except Exception:
+            return False
+        ours = apply_rotary_pos_emb(q, k, cos, sin)
+        if not all(
+            torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(theirs, ours, strict=True)
+        ):
+            return False
+    return True
 
 
 def _innermost(func: object) -> types.FunctionType | None:
