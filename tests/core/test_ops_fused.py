@@ -304,3 +304,44 @@ def test_gradients_of_some_inputs_when_an_output_depends_on_none_of_them():
     (q64,) = leaves(q)
     (expected,) = torch.autograd.grad(llama.apply_rotary_pos_emb(q64, k, cos, sin)[0].sum(), [q64])
     torch.testing.assert_close(grad, expected)
+
+
+def test_a_kernels_own_error_names_the_key_that_raised_it():
+    from tileops import Kernel
+    from tileops.backend import register_kernel_type
+    from tileops.ops import AddRMSNormInterface, GLUInterface, RotaryInterface
+    from tileops.testing import isolated_registry
+
+    class Broken(Kernel, RotaryInterface):
+        devices = frozenset({"cpu"})
+
+        def forward(self, q, k, cos, sin, q_out, k_out):
+            raise RuntimeError("broken on purpose")
+
+    class Wrong(Kernel, GLUInterface):
+        devices = frozenset({"cpu"})
+
+        def forward(self, gate, up):
+            return gate.t()
+
+    class Single(Kernel, AddRMSNormInterface):
+        devices = frozenset({"cpu"})
+
+        def forward(self, x, residual, weight):
+            return (x + residual,)
+
+    with isolated_registry():
+        register_kernel_type(RotaryFwdOp, "broken", Broken)
+        register_kernel_type(AddRMSNormFwdOp, "single", Single)
+        register_kernel_type(GLUFwdOp, "wrong", Wrong)
+        q = randn(1, 2, 3, 8)
+        with pytest.raises(RuntimeError, match="broken on purpose") as info:
+            RotaryFwdOp()(q, q, randn(1, 3, 8), randn(1, 3, 8))
+        assert any("'broken'" in note for note in info.value.__notes__)
+        from tileops.errors import BackendError
+
+        with pytest.raises(BackendError, match="Output of kernel 'wrong'.*is wrong"):
+            GLUFwdOp()(randn(2, 3), randn(2, 3))
+        expected = r"returned \['a contiguous float32 tensor of shape \[2, 4\] on cpu'\], but .* 2 "
+        with pytest.raises(BackendError, match=expected + "contiguous tensors"):
+            AddRMSNormFwdOp(4)(randn(2, 4), randn(2, 4))

@@ -14,7 +14,7 @@ import torch
 
 from ...backward import BackwardInterface
 from ...callspec import CallSpec
-from ...errors import OpConfigError, OpInputError
+from ...errors import OpConfigError, OpInputError, add_note
 from ...kernel import KernelInterface
 from ...op import Op
 from ...signature import BATCH, BoundCall, Input, Output, Signature
@@ -144,7 +144,11 @@ class RotaryFwdOp(Op):
         tables = cos.expand(shape), sin.expand(shape)
         views = [heads_second(t, self.unsqueeze_dim) for t in (q, k, q_out, k_out)]
         call = RotaryCall(device=q.device, dtype=q.dtype, head_dim=q.shape[-1], rot=shape[-1])
-        self.kernel_for("rotary", call)(*views[:2], *tables, *views[2:])
+        try:
+            self.kernel_for("rotary", call)(*views[:2], *tables, *views[2:])
+        except Exception as exc:
+            add_note(exc, f"raised by {self._table.serving('rotary', call)}")
+            raise
         return q_out, k_out
 
     def reference_forward(
