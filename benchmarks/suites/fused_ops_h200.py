@@ -1,5 +1,7 @@
-"""Fused training ops on one GPU, forward and forward + backward: residual add + RMSNorm,
-SwiGLU / GeGLU and rotary embedding of q and k, at Llama-3-8B shapes in bfloat16.
+"""Fused training ops on one GPU against eager, torch.compile and Liger-Kernel.
+
+Residual add + RMSNorm, SwiGLU / GeGLU and rotary embedding of q and k, forward and forward +
+backward, at Llama-3-8B shapes in bfloat16.
 
 Each op is timed (medians, L2 cleared before every repetition, `triton.testing.do_bench`)
 against a device copy moving the op's model bytes in the same run, torch eager (transformers'
