@@ -82,7 +82,8 @@ def tests(session: nox.Session) -> None:
     # Under TRITON_INTERPRET=1 the Triton backend also serves CPU tensors: its own process.
     session.run(*pytest, "tests/triton", *session.posargs, env={"TRITON_INTERPRET": "1"})
     # The Triton programs compiled offline for sm_90 (the interpreter compiles nothing).
-    session.run(*pytest, "tests/triton/test_compile.py", *session.posargs)
+    compiled = ("tests/triton/test_compile.py", "tests/triton/test_fused_compile.py")
+    session.run(*pytest, *compiled, *session.posargs)
     # A separate process: importing the example backend registers its kernels for good.
     session.run(*pytest, "examples/acme-backend/tests")
     _upstream_style_backend(session, pytest)

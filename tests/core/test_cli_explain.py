@@ -227,3 +227,15 @@ def test_simulated_facts_need_a_cuda_device(capsys):
         err
         == "tileops: --sm-count is a simulated GPU fact: pass --arch (and --device cuda) with it"
     )
+
+
+@pytest.mark.parametrize(
+    ("op", "shown"),
+    [
+        ("AddRMSNormFwdOp", "on x [8, 4096], residual [8, 4096], weight [4096]"),
+        ("GLUFwdOp", "on gate [8, 4096], up [8, 4096]"),
+    ],
+)
+def test_inputs_with_batch_dims_take_the_first_inputs(capsys, op, shown):
+    code, out, _ = run(capsys, "explain", op, "--shape", "8,4096", "--dtype", "bfloat16")
+    assert code == 0 and shown in out

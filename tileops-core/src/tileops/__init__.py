@@ -28,6 +28,7 @@ from .explanation import Explanation
 from .kernel import Kernel, KernelInterface
 from .op import BUILTIN, Op
 from .ops import (
+    AddRMSNormFwdOp,
     AttentionBwdOp,
     AttentionDecodeOp,
     AttentionFwdOp,
@@ -35,10 +36,12 @@ from .ops import (
     BatchNormFwdOp,
     GemmFwdOp,
     GemmOp,
+    GLUFwdOp,
     LayerNormFwdOp,
     LinearCrossEntropyFwdOp,
     LinearCrossEntropyGradOp,
     RMSNormFwdOp,
+    RotaryFwdOp,
     SoftmaxFwdOp,
 )
 from .record import Record, record
@@ -55,9 +58,12 @@ for _op in (AttentionFwdOp, AttentionBwdOp, AttentionDecodeOp, AttentionVarlenFw
     _library.operator(_op)
 for _op in (LinearCrossEntropyFwdOp, LinearCrossEntropyGradOp):
     _library.operator(_op)
+for _op in (AddRMSNormFwdOp, GLUFwdOp, RotaryFwdOp):
+    _library.operator(_op)
 
 __all__ = [
     "BUILTIN",
+    "AddRMSNormFwdOp",
     "AmbiguousDispatchError",
     "AmbiguousTargetError",
     "ArgumentError",
@@ -76,6 +82,7 @@ __all__ = [
     "DeviceFacts",
     "Explanation",
     "GemmFwdOp",
+    "GLUFwdOp",
     "GemmOp",
     "Input",
     "Kernel",
@@ -95,6 +102,7 @@ __all__ = [
     "RecomputeBackward",
     "Record",
     "Requirements",
+    "RotaryFwdOp",
     "Signature",
     "SoftmaxFwdOp",
     "TensorSpec",

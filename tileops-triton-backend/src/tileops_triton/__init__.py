@@ -16,6 +16,7 @@ from tileops.backend import (
     register_kernel_type,
 )
 from tileops.ops import (
+    AddRMSNormFwdOp,
     AttentionBwdOp,
     AttentionDecodeOp,
     AttentionFwdOp,
@@ -23,15 +24,28 @@ from tileops.ops import (
     BatchNormFwdOp,
     GemmFwdOp,
     GemmOp,
+    GLUFwdOp,
     LayerNormFwdOp,
     LinearCrossEntropyFwdOp,
     LinearCrossEntropyGradOp,
     RMSNormFwdOp,
+    RotaryFwdOp,
     SoftmaxFwdOp,
 )
 
 from . import target
 from .declare import DEVICES
+from .fused.kernels import (
+    ADD_RMS_NORM_KEY,
+    GLU_KEY,
+    ROTARY_KEY,
+    TritonAddRMSNorm,
+    TritonAddRMSNormBackward,
+    TritonGLU,
+    TritonGLUBackward,
+    TritonRotary,
+    TritonRotaryBackward,
+)
 from .gemm.kernels import GEMM_KEY, TritonGemm
 from .linear_ce.kernels import (
     LINEAR_CE_KEY,
@@ -75,6 +89,12 @@ register_kernel_type(RMSNormFwdOp, BACKWARD_KEY, TritonRMSNormBackward)
 register_kernel_type(SoftmaxFwdOp, BACKWARD_KEY, TritonSoftmaxBackward)
 register_kernel_type(LinearCrossEntropyFwdOp, LINEAR_CE_KEY, TritonLinearCrossEntropy)
 register_kernel_type(LinearCrossEntropyGradOp, LINEAR_CE_KEY, TritonLinearCrossEntropyGrad)
+register_kernel_type(AddRMSNormFwdOp, ADD_RMS_NORM_KEY, TritonAddRMSNorm)
+register_kernel_type(AddRMSNormFwdOp, BACKWARD_KEY, TritonAddRMSNormBackward)
+register_kernel_type(GLUFwdOp, GLU_KEY, TritonGLU)
+register_kernel_type(GLUFwdOp, BACKWARD_KEY, TritonGLUBackward)
+register_kernel_type(RotaryFwdOp, ROTARY_KEY, TritonRotary)
+register_kernel_type(RotaryFwdOp, BACKWARD_KEY, TritonRotaryBackward)
 
 register_detector(target=target.NAME, detect=target.claims_device)
 register_kernel_builder(op=LayerNormFwdOp, target=target.NAME, build_kernel=target.build_layer_norm)
@@ -88,4 +108,9 @@ for own_op in (LinearCrossEntropyFwdOp, LinearCrossEntropyGradOp):
 for attention_op in (AttentionFwdOp, AttentionBwdOp, AttentionDecodeOp, AttentionVarlenFwdOp):
     register_kernel_builder(
         op=attention_op, target=target.NAME, build_kernel=target.reference_builder(attention_op)
+    )
+# The fused ops on target "triton" (ROCm): their torch definitions, as for attention.
+for fused_op in (AddRMSNormFwdOp, GLUFwdOp, RotaryFwdOp):
+    register_kernel_builder(
+        op=fused_op, target=target.NAME, build_kernel=target.reference_builder(fused_op)
     )

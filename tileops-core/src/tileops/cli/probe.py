@@ -206,7 +206,8 @@ def _implied_params(op_cls: type[Op], shape: Shape) -> dict[str, Any]:
 
 
 def _input_shapes(op: Op, shape: Shape, omit: set[str]) -> list[Shape | None]:
-    """Each input's shape: the convention's, else what the signature's patterns bind."""
+    """Each input's shape: the convention's, else what the signature's patterns bind, an input
+    with a `...` taking the dims the first input's `...` covers (add + RMSNorm's residual)."""
     specs = op.signature.inputs
     unknown = omit - {s.name for s in specs if s.optional}
     if unknown:
@@ -216,9 +217,13 @@ def _input_shapes(op: Op, shape: Shape, omit: set[str]) -> list[Shape | None]:
     sizes = dict(plan.sizes)
     convention = SHAPE_CONVENTIONS.get(type(op).op_name)
     shapes: list[Shape | None] = []
+    batch: Shape = ()
     if convention is None:
         plan.patterns[0].match(shape, sizes)  # binds the names; a mismatch is reported by bind()
         shapes.append(shape)
+        first = plan.patterns[0]
+        if first.batch:  # the dims the first input's `...` covers: others with one share them
+            batch = shape[len(first.head) : len(shape) - len(first.tail)]
     elif len(shape) != len(convention):
         given = ",".join(name.upper() for name in convention)
         raise ShapeError(f"{type(op).op_name} takes {given}, got {list(shape)}")
@@ -229,7 +234,9 @@ def _input_shapes(op: Op, shape: Shape, omit: set[str]) -> list[Shape | None]:
         if spec.like is not None and spec.name not in omit:  # same shape as an earlier input
             shapes.append(shapes[names.index(spec.like)])
             continue
-        dims = [sizes.get(d, d) if isinstance(d, str) else d for d in pattern.head + pattern.tail]
+        dims = [sizes.get(d, d) if isinstance(d, str) else d for d in pattern.head]
+        dims += [*(batch if pattern.batch else ())]
+        dims += [sizes.get(d, d) if isinstance(d, str) else d for d in pattern.tail]
         resolved = all(isinstance(d, int) for d in dims)
         if spec.name in omit or (spec.optional and not resolved):
             shapes.append(None)

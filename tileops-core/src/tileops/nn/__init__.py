@@ -2,7 +2,9 @@
 `kernelize`, which swaps them into an existing model in place, together with the norm classes
 of other libraries whose semantics are declared (`register_module_semantics`); and
 `register_transformers_attention`, which makes `attn_implementation="tileops"` available to
-transformers models.
+transformers models; and the fused training ops as functions and modules (`add_rms_norm` /
+`AddRMSNorm`, `glu` / `SwiGLU`, `apply_rotary_pos_emb`), which kernelize also reaches in
+transformers' gated MLPs and attention.
 
 Import it explicitly (`import tileops.nn`); `import tileops` does not load it.
 """
@@ -13,6 +15,7 @@ from .activation import Softmax
 from .attention import MultiheadAttention
 from .batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from .causal_lm import kernelize_loss
+from .fused import AddRMSNorm, SwiGLU, add_rms_norm, apply_rotary_pos_emb, glu
 from .hf_attention import register_transformers_attention
 from .kernelize import KERNELIZED, KernelizeReport, Skipped, Swapped, kernelize
 from .linear import Linear
@@ -22,6 +25,7 @@ from .semantics import ModuleSemantics, declared_semantics, register_module_sema
 
 __all__ = [
     "KERNELIZED",
+    "AddRMSNorm",
     "BatchNorm1d",
     "BatchNorm2d",
     "BatchNorm3d",
@@ -34,8 +38,12 @@ __all__ = [
     "RMSNorm",
     "Skipped",
     "Softmax",
+    "SwiGLU",
     "Swapped",
+    "add_rms_norm",
+    "apply_rotary_pos_emb",
     "declared_semantics",
+    "glu",
     "kernelize",
     "kernelize_loss",
     "linear_cross_entropy",

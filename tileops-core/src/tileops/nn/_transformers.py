@@ -90,3 +90,72 @@ BUILTIN: dict[str, dict] = {
     for declaration, family in FAMILIES
     for module, name in family.items()
 }
+
+
+# -- fused ops ---------------------------------------------------------------------------------
+# Gated MLPs whose forward is `down_proj(act_fn(gate_proj(x)) * up_proj(x))`, and modeling
+# modules whose `apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1)` is Llama's (rotate_half,
+# tables as given) or Phi-3's (the same over the tables' width, the rest of head_dim passed
+# through): read in transformers 5.x and checked against Llama's and Phi-3's source, entry by
+# entry, in tests/core/test_kernelize_fused.py.
+GATED_MLP_FAMILY = {
+    "llama": "LlamaMLP",
+    "mistral": "MistralMLP",
+    "ministral": "MinistralMLP",
+    "qwen2": "Qwen2MLP",
+    "qwen2_moe": "Qwen2MoeMLP",
+    "qwen3": "Qwen3MLP",
+    "qwen3_moe": "Qwen3MoeMLP",
+    "gemma": "GemmaMLP",
+    "gemma2": "Gemma2MLP",
+    "gemma3": "Gemma3MLP",
+    "granite": "GraniteMLP",
+    "olmo": "OlmoMLP",
+    "olmo2": "Olmo2MLP",
+    "olmo3": "Olmo3MLP",
+    "olmoe": "OlmoeMLP",
+    "cohere": "CohereMLP",
+    "deepseek_v3": "DeepseekV3MLP",
+    "smollm3": "SmolLM3MLP",
+    "exaone4": "Exaone4MLP",
+    "helium": "HeliumMLP",
+    "glm4_moe": "Glm4MoeMLP",
+    "ernie4_5": "Ernie4_5MLP",
+    "hunyuan_v1_dense": "HunYuanDenseV1MLP",
+}
+ROTARY_FAMILY = (
+    "llama",
+    "mistral",
+    "ministral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "granite",
+    "granitemoe",
+    "olmoe",
+    "smollm3",
+    "exaone4",
+    "hunyuan_v1_dense",
+    "minimax",
+    "diffllama",
+    "seed_oss",
+    "deepseek_v3",
+)
+
+GATED_MLPS = frozenset(
+    f"{_MODELS}.{module}.modeling_{module}.{name}" for module, name in GATED_MLP_FAMILY.items()
+)
+PARTIAL_ROTARY_FAMILY = ("phi3", "phi4_multimodal")
+
+ROTARY_FUNCTIONS: dict[str, bool] = {
+    f"{_MODELS}.{module}.modeling_{module}.apply_rotary_pos_emb": partial
+    for modules, partial in ((ROTARY_FAMILY, False), (PARTIAL_ROTARY_FAMILY, True))
+    for module in modules
+}
+"""Each declared `apply_rotary_pos_emb` by dotted path: whether it rotates tables narrower than
+head_dim (partial rotary) rather than failing on them."""

@@ -13,7 +13,8 @@ generated per class (see `declared`). With `attention=True`, transformers models
 (or its owner may bypass it, as `nn.MultiheadAttention` does with its `out_proj`), so it is
 skipped with that reason; so is a module whose configuration the op cannot serve, whose forward
 was replaced on the instance (accelerate's hooks do that), or a class transformers names a hub
-norm layer that has no declaration.
+norm layer that has no declaration. With `fused=True` (the default) transformers' gated MLPs and
+the attention's rotary call run through the fused ops too (see `fused_layers`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ._base import TileModule
 from .activation import Softmax
 from .batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from .declared import declared_class
+from .fused_layers import fused_class
 from .linear import Linear
 from .normalization import LayerNorm, RMSNorm
 from .semantics import ModuleSemantics, declared_semantics, hub_layer_name
@@ -60,6 +62,7 @@ class KernelizeReport:
     swapped: list[Swapped] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     attention: list[str] = field(default_factory=list)  # transformers models set to tileops
+    fused: list[Swapped] = field(default_factory=list)  # modules now running fused ops
 
     def __str__(self) -> str:
         rows = [
@@ -68,6 +71,9 @@ class KernelizeReport:
         ]
         header = ("module", "from", "to", "by")
         text = _table(header, rows, f"swapped {len(rows)} module(s)")
+        if self.fused:
+            rows = [(s.name, _qualname(s.source), s.target.computes) for s in self.fused]
+            text += "\n\n" + _table(("module", "class", "now"), rows, f"fused {len(rows)}")
         if self.skipped:
             rows = [(s.name, _qualname(s.type), s.reason) for s in self.skipped]
             text += "\n\n" + _table(("module", "type", "reason"), rows, f"skipped {len(rows)}")
@@ -81,17 +87,22 @@ def kernelize(
     *,
     modules: type[nn.Module] | Iterable[type[nn.Module]] | None = None,
     attention: bool = False,
+    fused: bool = True,
 ) -> KernelizeReport:
     """Swap, in place, every module of `model` (itself included) whose class is exactly one of
     `modules` (one class or several; default: every key of `KERNELIZED` and every declared
     class) for its tileops version, and with `attention=True` every transformers model in it to
     `attn_implementation="tileops"` (a process that loads such a model saved must call
     `register_transformers_attention()` before running it, as for any attention function
-    registered with transformers); return a report of what was swapped and what was not."""
+    registered with transformers); with `fused` (and no `modules` selection), transformers'
+    gated MLPs and rotary calls to the fused ops (`report.fused`); return a report of what was
+    swapped and what was not."""
     selected = _selected(modules)
     report = KernelizeReport()
     if attention:
         report.attention = _set_attention(model)
+    if fused and selected is None:
+        _fuse(model, report)
     for name, module in model.named_modules():
         planned = _plan(type(module), selected)
         if planned is None:
@@ -108,6 +119,23 @@ def kernelize(
         else:
             report.skipped.append(Skipped(name, type(module), reason))
     return report
+
+
+def _fuse(model: nn.Module, report: KernelizeReport) -> None:
+    """Swap the modules a fused op serves (transformers' gated MLPs and rotary attention)."""
+    for name, module in model.named_modules():
+        target = None if isinstance(module, TileModule) else fused_class(type(module))
+        if target is None:
+            continue
+        name = name or "(root)"
+        reason = target.refusal(module)
+        if reason is None and "forward" in module.__dict__:
+            reason = "its forward is replaced on the instance (by hooks such as accelerate's)"
+        if reason is None:
+            report.fused.append(Swapped(name, type(module), target))
+            module.__class__ = target
+        else:
+            report.skipped.append(Skipped(name, type(module), reason))
 
 
 def _set_attention(model: nn.Module) -> list[str]:

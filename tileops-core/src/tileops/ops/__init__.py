@@ -19,6 +19,17 @@ from .attention import (
     AttentionVarlenFwdOp,
     AttentionVarlenInterface,
 )
+from .fused import (
+    AddRMSNormCall,
+    AddRMSNormFwdOp,
+    AddRMSNormInterface,
+    GLUCall,
+    GLUFwdOp,
+    GLUInterface,
+    RotaryCall,
+    RotaryFwdOp,
+    RotaryInterface,
+)
 from .gemm import (
     GemmBackward,
     GemmCall,
@@ -60,6 +71,9 @@ from .softmax import (
 )
 
 __all__ = [
+    "AddRMSNormCall",
+    "AddRMSNormFwdOp",
+    "AddRMSNormInterface",
     "AttentionBwdInterface",
     "AttentionBwdOp",
     "AttentionCall",
@@ -81,6 +95,9 @@ __all__ = [
     "BatchNormTrainInterface",
     "GemmBackward",
     "ChunkedLinearCrossEntropy",
+    "GLUCall",
+    "GLUFwdOp",
+    "GLUInterface",
     "GemmCall",
     "GemmFwdOp",
     "GemmInterface",
@@ -102,6 +119,9 @@ __all__ = [
     "RMSNormInterface",
     "SoftmaxBackwardCall",
     "SoftmaxBackwardInterface",
+    "RotaryCall",
+    "RotaryFwdOp",
+    "RotaryInterface",
     "SoftmaxCall",
     "SoftmaxFwdOp",
     "SoftmaxInterface",

@@ -1,0 +1,90 @@
+"""What the fused ops' several outputs need: the layout check of kernels returning several
+tensors, and a recompute backward for outputs that need no gradient."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ...backward import RecomputeBackward, Tensors, _leaf
+from ...callspec import CallSpec
+from ...errors import BackendError, add_note
+
+
+def call_kernel(
+    op: Any,
+    interface: str,
+    call: CallSpec,
+    wanted: Sequence[tuple[tuple[int, ...], torch.dtype]],
+    *args: torch.Tensor | None,
+) -> tuple[torch.Tensor, ...]:
+    """Run the kernel serving `call` on `args`; it must return one contiguous tensor on the
+    call's device per `(shape, dtype)` of `wanted`, else `BackendError` names the key. A kernel's
+    own exception keeps its type and message and gains a note naming the key."""
+    kernel = op.kernel_for(interface, call)
+    try:
+        result = kernel(*args)
+    except Exception as exc:
+        add_note(exc, f"raised by {op._table.serving(interface, call)}")
+        raise
+    if isinstance(result, tuple) and len(result) == len(wanted):
+        if all(_fits(t, s, d, call.device) for t, (s, d) in zip(result, wanted, strict=True)):
+            return result
+    got = [describe(t) for t in result] if isinstance(result, tuple) else describe(result)
+    expected = ", ".join(f"{list(s)} in {_name(d)}" for s, d in wanted)
+    raise BackendError(
+        f"Output of {op._table.serving(interface, call)} is wrong: it returned {got}, but the "
+        f"interface's layout contract expects {len(wanted)} contiguous tensors ({expected}) on "
+        f"{call.device}. Fix the kernel, or refuse such calls in its refusal()."
+    )
+
+
+def _fits(t: Any, shape: tuple, dtype: torch.dtype, device: torch.device) -> bool:
+    return (
+        isinstance(t, torch.Tensor)
+        and tuple(t.shape) == tuple(shape)
+        and t.dtype == dtype
+        and t.device == device
+        and t.is_contiguous()
+    )
+
+
+def describe(t: Any) -> str:
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    layout = "contiguous" if t.is_contiguous() else "non-contiguous"
+    return f"a {layout} {_name(t.dtype)} tensor of shape {list(t.shape)} on {t.device}"
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+class PartialRecomputeBackward(RecomputeBackward):
+    """`RecomputeBackward` for ops of several outputs, where an output may depend on no input
+    that needs a gradient (rotary's k_embed when only q requires grad): such outputs and their
+    gradients are left out of the differentiation, which would refuse them."""
+
+    def forward(self, grads: Tensors, inputs: Tensors) -> Tensors:
+        graph = self.create_graph
+        with torch.enable_grad():
+            leaves = tuple(
+                _leaf(t, need, written, graph)
+                for t, need, written in zip(inputs, self.needs, self.written, strict=True)
+            )
+            outputs = self.op.reference_forward(*leaves)
+            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+            pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if o.requires_grad]
+            wanted = [t for t, need in zip(leaves, self.needs, strict=True) if need]
+            found = iter(
+                torch.autograd.grad(
+                    [o for o, _ in pairs],
+                    wanted,
+                    [g for _, g in pairs],
+                    allow_unused=True,
+                    create_graph=graph,
+                )
+            )
+        return tuple(next(found) if need else None for need in self.needs)
