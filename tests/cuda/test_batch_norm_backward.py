@@ -52,7 +52,7 @@ def test_double_backward_goes_to_the_recompute_reference():
     assert "differentiable" in BatchNormBackwardNative.refusal(call)
 
 
-gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+gpu = pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
 SHAPES = [(32, 64, 56, 56), (256, 2048, 7, 7), (8, 16), (4, 3, 5, 7), (2, 4, 3, 3, 3)]
 
