@@ -135,6 +135,7 @@ def run_chunks(
             grad_weight.addmm_(logits.t(), rows)
             if bias is not None:
                 grad_bias += logits.sum(0, dtype=dtype)
+        del logits  # before the next chunk's: one chunk of logits alive at a time
     if not grads or bias is None:
         return losses, grad_hidden, grad_weight, None
     return losses, grad_hidden, grad_weight, grad_bias.to(weight.dtype)
