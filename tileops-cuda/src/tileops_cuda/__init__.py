@@ -101,8 +101,9 @@ VENDOR_KERNELS = {
         "aten_bn_backward": bn_backward.BatchNormBackwardNative,
     },
 }
-"""cuBLAS, cuDNN and ATen's native BatchNorm backward through torch, candidates beside KERNELS: they serve wherever no TileLang
-kernel was measured faster (`_common.vendor`). No program of their own to compile."""
+"""cuBLAS, cuDNN and ATen's native BatchNorm backward through torch, candidates beside KERNELS:
+they serve wherever no TileLang kernel was measured faster (`_common.vendor`). No program of
+their own to compile."""
 
 ROW_BACKWARD_KERNELS = {
     LayerNormFwdOp: {row_backward.BACKWARD_KEY: row_backward.TileLangLayerNormBackward},
