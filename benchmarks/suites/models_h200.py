@@ -11,7 +11,8 @@ Models nobody here wrote, built from configs with random weights (no downloads):
   a training step and inference.
 
 Each work is timed for two contenders, each on a fresh model from the same seed (built on the
-device, in its dtype): eager and kernelized; works named in `--compile-works` (default: the
+device, in its dtype): eager and kernelized (a causal LM in training also through
+`kernelize_loss`, its loss without the logits); works named in `--compile-works` (default: the
 prefill) also for `torch.compile` of eager and of kernelized. Each with its peak memory (weights
 included). Training works also run 20 steps of eager and of kernelized on the same
 batches and report the largest loss difference against the bfloat16 tolerance.
@@ -253,6 +254,8 @@ def contender(work: Work, kernelized: bool, compiled: bool) -> tuple[torch.nn.Mo
     report = ""
     if kernelized:
         report = str(tileops.nn.kernelize(model)).splitlines()[0]
+        if work.training and hasattr(model, "lm_head"):  # the causal-LM loss without logits
+            report += "; " + str(tileops.nn.kernelize_loss(model)).splitlines()[0]
     if compiled:
         model.forward = torch.compile(model.forward)
     return model, report
