@@ -116,3 +116,21 @@ def test_native_backward_matches_float64(shape, dtype, affine, training, channel
             assert err < TOLERANCE[dtype], f"{name}: relative error {err:.2e}"
     if channels_last and x.dim() == 4:
         assert got[0].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_gradients_the_mask_left_out_are_dropped(monkeypatch):
+    """On the GPU the native kernel may return a bias gradient its mask did not ask for (2-d
+    x): only the asked-for gradients go back to autograd, which refuses one for an absent
+    input."""
+    native = torch.ops.aten.native_batch_norm_backward
+
+    def eager(dy, x, weight, *rest):
+        dx, dweight, _ = native(dy, x, weight, *rest[:-1], [True, True, True])
+        return dx, dweight, dy.sum(0)
+
+    monkeypatch.setattr(torch.ops.aten, "native_batch_norm_backward", eager)
+    kernel = BatchNormBackwardNative(False, 1e-5, (True, True, False, False, False))
+    x, dy = torch.randn(8, 16), torch.randn(8, 16)
+    stats = torch.zeros(16), torch.ones(16)
+    grads = kernel.forward((dy,), (x, torch.ones(16), None, *stats))
+    assert grads[0] is not None and grads[1] is not None and grads[2:] == (None, None, None)

@@ -186,7 +186,8 @@ def _grads(fn, tensors, dy):
 def _close(got, want, dtype):
     for g, w in zip(got, want, strict=True):
         if g is not None:
-            error = (g.double() - w).norm() / max(w.norm().item(), 1e-3 * w.numel() ** 0.5)
+            # floor: one-element rows have a zero dx, whose float32 noise is all there is
+            error = (g.double() - w).norm() / max(w.norm().item(), 1e-2 * w.numel() ** 0.5)
             assert error < TOLERANCE[dtype], error
 
 

@@ -64,7 +64,9 @@ class BatchNormBackwardNative(Kernel, BackwardInterface):
         dx, dweight, dbias = torch.ops.aten.native_batch_norm_backward(
             dy, x, scale, *stats, self.training, self.eps, mask
         )
-        return (dx if mask[0] else None, dweight if mask[1] else None, dbias, None, None)
+        # the native kernel may return gradients its mask left out: keep only those asked for
+        kept = [g if want else None for g, want in zip((dx, dweight, dbias), mask, strict=True)]
+        return (*kept, None, None)
 
 
 def _ones(x: Tensor, *params: Tensor | None) -> Tensor:
