@@ -206,7 +206,8 @@ def test_batch_norm_vendor_declarations():
     keys = tileops_cuda.KERNELS[BatchNormFwdOp]
     train = {k for k, cls in keys.items() if issubclass(cls, BatchNormFwdOp.interfaces[TRAIN])}
     infer = {k for k, cls in keys.items() if issubclass(cls, BatchNormFwdOp.interfaces[INFER])}
-    vendor = tileops_cuda.VENDOR_KERNELS[BatchNormFwdOp]
+    vendor = dict(tileops_cuda.VENDOR_KERNELS[BatchNormFwdOp])
+    assert issubclass(vendor.pop("aten_bn_backward"), BatchNormFwdOp.interfaces["backward"])
     assert vendor["cudnn"].preferred_over == train == set(bn_vendor.TRAIN_KEYS)
     assert vendor["cudnn_infer"].preferred_over == infer == set(bn_vendor.INFER_KEYS)
     assert all(cls.channels_last and cls.supported_archs is None for cls in vendor.values())
