@@ -82,6 +82,9 @@ def contenders(op: str, dtype: torch.dtype, n: int) -> tuple[dict, tuple, torch.
     tile_op, args, eager, _, _ = row_op_setup(op, x)
     dy = torch.randn_like(x)
     torch._dynamo.reset()  # a static graph per case (see norms_h200.py)
+    # The backward alone runs again on one graph (retain_graph), which a compiled backward
+    # that donates its saved buffers refuses.
+    torch._functorch.config.donated_buffer = False
     fns = {"tileops": tile_op, "eager": eager, "compile": torch.compile(eager, dynamic=False)}
     liger = _liger(op)
     if liger is not None:
