@@ -130,9 +130,18 @@ class RecomputeBackward(Kernel, BackwardInterface):
             )
             outputs = self.op.reference_forward(*leaves)
             outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+            # an output that depends on no input needing a gradient (rotary's k when only q
+            # needs one) is left out: autograd refuses to differentiate it
+            pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if o.requires_grad]
             wanted = [t for t, need in zip(leaves, self.needs, strict=True) if need]
             found = iter(
-                torch.autograd.grad(outputs, wanted, grads, allow_unused=True, create_graph=graph)
+                torch.autograd.grad(
+                    [o for o, _ in pairs],
+                    wanted,
+                    [g for _, g in pairs],
+                    allow_unused=True,
+                    create_graph=graph,
+                )
             )
         return tuple(next(found) if need else None for need in self.needs)
 

@@ -1,5 +1,5 @@
 """What the fused ops' several outputs need: the layout check of kernels returning several
-tensors, and a recompute backward for outputs that need no gradient."""
+tensors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 
-from ...backward import RecomputeBackward, Tensors, _leaf
 from ...callspec import CallSpec
 from ...errors import BackendError, add_note
 
@@ -60,31 +59,3 @@ def describe(t: Any) -> str:
 
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-class PartialRecomputeBackward(RecomputeBackward):
-    """`RecomputeBackward` for ops of several outputs, where an output may depend on no input
-    that needs a gradient (rotary's k_embed when only q requires grad): such outputs and their
-    gradients are left out of the differentiation, which would refuse them."""
-
-    def forward(self, grads: Tensors, inputs: Tensors) -> Tensors:
-        graph = self.create_graph
-        with torch.enable_grad():
-            leaves = tuple(
-                _leaf(t, need, written, graph)
-                for t, need, written in zip(inputs, self.needs, self.written, strict=True)
-            )
-            outputs = self.op.reference_forward(*leaves)
-            outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-            pairs = [(o, g) for o, g in zip(outputs, grads, strict=True) if o.requires_grad]
-            wanted = [t for t, need in zip(leaves, self.needs, strict=True) if need]
-            found = iter(
-                torch.autograd.grad(
-                    [o for o, _ in pairs],
-                    wanted,
-                    [g for _, g in pairs],
-                    allow_unused=True,
-                    create_graph=graph,
-                )
-            )
-        return tuple(next(found) if need else None for need in self.needs)

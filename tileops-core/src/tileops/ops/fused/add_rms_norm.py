@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from ...backward import BackwardInterface
+from ...backward import BackwardInterface, RecomputeBackward
 from ...callspec import CallSpec
 from ...errors import OpInputError
 from ...kernel import KernelInterface
@@ -28,7 +28,7 @@ from .._common import (
     upcasts,
 )
 from ..norm.rms_norm import DEFAULT_EPS
-from ._outputs import PartialRecomputeBackward, call_kernel
+from ._outputs import call_kernel
 
 if TYPE_CHECKING:
     from ...samples import Case
@@ -105,7 +105,7 @@ class AddRMSNormFwdOp(Op):
     interfaces = {"add_rms_norm": AddRMSNormInterface, "backward": BackwardInterface}
     kernel_types = {
         "reference": AddRMSNormReference,
-        "reference_backward": PartialRecomputeBackward,
+        "reference_backward": RecomputeBackward,
     }
     signature = Signature(
         (X, RESIDUAL, WEIGHT),

@@ -14,14 +14,13 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from ...backward import BackwardInterface
+from ...backward import BackwardInterface, RecomputeBackward
 from ...callspec import CallSpec
 from ...errors import OpConfigError, OpInputError
 from ...kernel import KernelInterface
 from ...op import Op
 from ...signature import BATCH, BoundCall, Input, Output, Signature
 from .._common import ReferenceKernel, like, sample_case, upcasts
-from ._outputs import PartialRecomputeBackward
 
 if TYPE_CHECKING:
     from ...samples import Case
@@ -82,7 +81,7 @@ class GLUFwdOp(Op):
 
     namespace = "tileops"
     interfaces = {"glu": GLUInterface, "backward": BackwardInterface}
-    kernel_types = {"reference": GLUReference, "reference_backward": PartialRecomputeBackward}
+    kernel_types = {"reference": GLUReference, "reference_backward": RecomputeBackward}
     signature = Signature(
         (Input("gate", (BATCH,)), Input("up", (BATCH,), dtypes=("gate",))),
         {"act": "str"},

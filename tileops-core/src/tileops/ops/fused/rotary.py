@@ -12,14 +12,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ...backward import BackwardInterface
+from ...backward import BackwardInterface, RecomputeBackward
 from ...callspec import CallSpec
 from ...errors import OpConfigError, OpInputError, add_note
 from ...kernel import KernelInterface
 from ...op import Op
 from ...signature import BATCH, BoundCall, Input, Output, Signature
 from .._common import ReferenceKernel, int_param, sample_case, upcasts
-from ._outputs import PartialRecomputeBackward
 
 if TYPE_CHECKING:
     from ...samples import Case
@@ -106,7 +105,7 @@ class RotaryFwdOp(Op):
 
     namespace = "tileops"
     interfaces = {"rotary": RotaryInterface, "backward": BackwardInterface}
-    kernel_types = {"reference": RotaryReference, "reference_backward": PartialRecomputeBackward}
+    kernel_types = {"reference": RotaryReference, "reference_backward": RecomputeBackward}
     signature = Signature(
         (
             Input("q", (BATCH,)),
