@@ -76,7 +76,8 @@ def _short(call: CallSpec) -> str:
 
 @contextlib.contextmanager
 def record() -> Iterator[Record]:
-    """Count every op call inside the block (in this thread or task)."""
+    """Count every op call inside the block (in this thread or task), and the backward calls
+    of those, wherever autograd runs them."""
     collected = Record()
     with SCOPES.enter(records=(collected,)):
         yield collected
