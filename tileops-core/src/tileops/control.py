@@ -247,8 +247,9 @@ def prefer(op: type | str, interface: str, winner: str, loser: str) -> Registrat
 @contextlib.contextmanager
 def pinned(op: type | str, interface: str, key: str) -> Iterator[None]:
     """Inside the block, calls of `op`'s `interface` use kernel `key` (in this thread or task
-    only, and in the backward of calls made inside, wherever autograd runs it). A pinned key that is unavailable or refuses a call raises the `no implementation
-    serves this call` error with its own reason: a pin never falls back."""
+    only, and in the backward of calls made inside, wherever autograd runs it). A pinned key
+    that is unavailable or refuses a call raises the `no implementation serves this call` error
+    with its own reason: a pin never falls back."""
     op_cls = _check_target(op, interface, "pinned")
     if key not in _installed_keys(op_cls):
         raise ControlError(

@@ -182,3 +182,26 @@ def sample_case(params: Mapping[str, Any], *shapes: tuple[int, ...] | None, note
     generator = torch.Generator().manual_seed(0)
     inputs = tuple(None if s is None else torch.randn(s, generator=generator) for s in shapes)
     return Case(dict(params), inputs, note)
+
+
+def fits(t: Any, shape: tuple, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a kernel's output `t` keeps a several-output interface's layout contract."""
+    return (
+        isinstance(t, torch.Tensor)
+        and tuple(t.shape) == tuple(shape)
+        and t.dtype == dtype
+        and t.device == device
+        and t.is_contiguous()
+    )
+
+
+def describe(t: Any) -> str:
+    """What a kernel returned, for the error that says its output is wrong."""
+    if not isinstance(t, torch.Tensor):
+        return type(t).__name__
+    layout = "contiguous" if t.is_contiguous() else "non-contiguous"
+    return f"a {layout} {dtype_name(t.dtype)} tensor of shape {list(t.shape)} on {t.device}"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

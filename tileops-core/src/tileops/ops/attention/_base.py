@@ -12,6 +12,9 @@ import torch.nn.functional as F
 
 from ...errors import BackendError, OpConfigError, OpInputError, add_note
 from .._common import _as_int, _is_real, bool_param
+from .._common import describe as _describe
+from .._common import dtype_name as _name
+from .._common import fits as _fits
 from ._math import compute_dtype
 
 PARAM_TYPES = {"causal": "bool", "scale": "float?", "window": "int?"}
@@ -156,24 +159,3 @@ def call_kernel(op: Any, interface: str, call: Any, out_shape: tuple, *args: Any
         f"{_name(compute_dtype(dtype))} on {call.device}. Fix the kernel, or refuse such calls "
         "in its refusal()."
     )
-
-
-def _fits(t: Any, shape: tuple, dtype: torch.dtype, device: torch.device) -> bool:
-    return (
-        isinstance(t, torch.Tensor)
-        and tuple(t.shape) == tuple(shape)
-        and t.dtype == dtype
-        and t.device == device
-        and t.is_contiguous()
-    )
-
-
-def _describe(t: Any) -> str:
-    if not isinstance(t, torch.Tensor):
-        return f"{type(t).__name__}"
-    layout = "contiguous" if t.is_contiguous() else "non-contiguous"
-    return f"a {layout} {_name(t.dtype)} tensor of shape {list(t.shape)} on {t.device}"
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")

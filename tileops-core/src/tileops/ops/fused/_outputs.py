@@ -10,6 +10,9 @@ import torch
 
 from ...callspec import CallSpec
 from ...errors import BackendError, add_note
+from .._common import describe
+from .._common import dtype_name as _name
+from .._common import fits as _fits
 
 
 def call_kernel(
@@ -38,24 +41,3 @@ def call_kernel(
         f"interface's layout contract expects {len(wanted)} contiguous tensors ({expected}) on "
         f"{call.device}. Fix the kernel, or refuse such calls in its refusal()."
     )
-
-
-def _fits(t: Any, shape: tuple, dtype: torch.dtype, device: torch.device) -> bool:
-    return (
-        isinstance(t, torch.Tensor)
-        and tuple(t.shape) == tuple(shape)
-        and t.dtype == dtype
-        and t.device == device
-        and t.is_contiguous()
-    )
-
-
-def describe(t: Any) -> str:
-    if not isinstance(t, torch.Tensor):
-        return type(t).__name__
-    layout = "contiguous" if t.is_contiguous() else "non-contiguous"
-    return f"a {layout} {_name(t.dtype)} tensor of shape {list(t.shape)} on {t.device}"
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
