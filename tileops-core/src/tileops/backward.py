@@ -222,7 +222,9 @@ def is_traced(*groups: Sequence[torch.Tensor | None]) -> bool:
     traces a backward with): shapes may be symbolic, and no kernel can read the data."""
     if torch.compiler.is_compiling():
         return True
-    return any(t is not None and is_fake(t) for group in groups for t in group)
+    # a trace holds no real tensor beside fake ones: the first tensor tells
+    first = next((t for group in groups for t in group if t is not None), None)
+    return first is not None and is_fake(first)
 
 
 def _traced(

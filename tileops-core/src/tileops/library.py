@@ -4,8 +4,8 @@
 signature, a fake implementation from its output rules), whatever kernel serves it: a TileLang
 or Triton launch, a C extension, numpy. Autograd and autocast hang on the same operator:
 gradients come from the op's backward interface, and under autocast the op casts as its torch
-counterpart does. Eager calls skip all of this and go straight to the dispatcher (op.py), so
-the library route costs nothing where it is not needed.
+counterpart does. Eager calls skip all of this: the dispatcher directly (op.py), and under
+autograd or autocast the same casts and backward without the operator (eager.py).
 """
 
 from __future__ import annotations
@@ -17,9 +17,15 @@ from typing import Any
 
 import torch
 
-from .autocast import castable
-from .backward import backward_of, run_backward
-from .errors import OpDefinitionError, OpInputError, add_note
+from .backward import backward_of, is_traced, run_backward
+from .eager import (
+    cast_for_autocast,
+    keep_outputs,
+    kept_outputs,
+    note_casts,
+    refuse_gradients_it_lacks,
+)
+from .errors import OpDefinitionError, OpInputError
 from .op import Op
 from .registry import REGISTRY
 from .scope import SCOPE, SCOPES
@@ -121,7 +127,16 @@ def call_operator(op: Op, tensors: Sequence[torch.Tensor | None]) -> Any:
     return operator(type(op))(*tensors, *params.values(), op.target)
 
 
-Op._through_operator = call_operator  # the route Op.__call__ takes under compile, autocast, grad
+Op._through_operator = call_operator  # the route Op.__call__ takes under compile and export
+
+
+def call_traced_or_eager(op: Op, tensors: Sequence[torch.Tensor | None]) -> Any:
+    """Call `op` from inside another op's kernel (a backward's GEMMs): through its operator
+    while traced (one node; fake tensors no kernel can read), else eagerly, as one autograd
+    node where an input needs a gradient (create_graph)."""
+    if is_traced(tensors):
+        return call_operator(op, tensors)
+    return op.call_eager_autograd(tuple(tensors))
 
 
 def instance(op_cls: type[Op], params: dict[str, Any], target: str | None) -> Op:
@@ -179,23 +194,11 @@ def _fake_impl(op_cls: type[Op]) -> Any:
     return fake
 
 
-def _refuse_gradients_it_lacks(op: Op, tensors: tuple) -> None:
-    """Under autograd, inputs the op has no gradient for (written ones, running stats) must not
-    require grad: torch's ops refuse them at the call, and a backward could not serve them."""
-    for spec, t in zip(op.signature.inputs, tensors, strict=True):
-        if t is not None and t.requires_grad and (spec.written or not spec.differentiable):
-            raise OpInputError(
-                f"{type(op).op_name}(): argument {spec.name!r} requires grad, but the op has no "
-                f"gradient for it{' (it writes it in place)' if spec.written else ''}; pass it "
-                "with requires_grad=False (detach it)"
-            )
-
-
 def _setup_context(op_cls: type[Op]) -> Any:
     def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
         tensors, params, target = _split(op_cls, inputs)
         op = instance(op_cls, params, target)
-        _refuse_gradients_it_lacks(op, tensors)
+        refuse_gradients_it_lacks(op, tensors)
         outputs = output if isinstance(output, tuple) else (output,)
         specs = op.signature.outputs
         frozen = [t for t, s in zip(outputs, specs, strict=True) if not s.differentiable]
@@ -204,26 +207,9 @@ def _setup_context(op_cls: type[Op]) -> Any:
         ctx.save_for_backward(*tensors)
         ctx.params, ctx.target, ctx.scope = params, target, SCOPE.get()
         if op_cls.saves_outputs:
-            _keep_outputs(ctx, outputs)
+            keep_outputs(ctx, outputs)
 
     return setup_context
-
-
-def _keep_outputs(ctx: Any, outputs: tuple) -> None:
-    """Keep the outputs for the backward kernels without claiming them as saved tensors: a
-    caller may still modify an output in place (as after any of our ops); the backward then
-    finds its version changed and goes without it. Detached aliases share the version
-    counter, and hold no graph (no reference cycle through the output's grad_fn)."""
-    ctx.kept = tuple(t.detach() for t in outputs)
-    ctx.kept_versions = tuple(t._version for t in outputs)
-
-
-def _kept_outputs(ctx: Any) -> tuple:
-    """The outputs kept at the forward, None for one modified in place since."""
-    if not hasattr(ctx, "kept"):
-        return ()
-    pairs = zip(ctx.kept, ctx.kept_versions, strict=True)
-    return tuple(t if t._version == v else None for t, v in pairs)
 
 
 def _backward(op_cls: type[Op]) -> Any:
@@ -233,7 +219,7 @@ def _backward(op_cls: type[Op]) -> Any:
         op = instance(op_cls, ctx.params, ctx.target)
         saved = tuple(ctx.saved_tensors)
         with SCOPES.resume(ctx.scope):
-            tensor_grads = backward_of(op, grads, saved, needs, _kept_outputs(ctx))
+            tensor_grads = backward_of(op, grads, saved, needs, kept_outputs(ctx))
         return (*tensor_grads, *[None] * (len(ctx.params) + 1))
 
     return backward
@@ -295,7 +281,7 @@ def _mutating_autograd(op_cls: type[Op]) -> Any:
     def autograd(*args: Any) -> Any:
         tensors, params, target = _split(op_cls, args)
         if torch.is_grad_enabled():
-            _refuse_gradients_it_lacks(instance(op_cls, params, target), tensors)
+            refuse_gradients_it_lacks(instance(op_cls, params, target), tensors)
         return _MutatingOp.apply(op_cls, params, target, *tensors)
 
     return autograd
@@ -334,36 +320,13 @@ def _autocast_impl(op_cls: type[Op], device_type: str) -> Any:
         tensors = given
         dtype = instance(op_cls, params, target).autocast_dtype(device_type, given)
         if dtype is not None:
-            tensors = tuple(_cast(t, dtype, spec) for t, spec in zip(given, specs, strict=True))
+            pairs = zip(given, specs, strict=True)
+            tensors = tuple(cast_for_autocast(t, dtype, spec) for t, spec in pairs)
         try:
             with torch.autocast(device_type, enabled=False):
                 return operator(op_cls)(*tensors, *params.values(), target)
         except OpInputError as exc:  # a dtype agreement the cast did not settle
-            _note_casts(exc, device_type, specs, given, tensors)
+            note_casts(exc, device_type, specs, given, tensors)
             raise
 
     return autocast
-
-
-def _cast(t: torch.Tensor | None, dtype: torch.dtype, spec: Any) -> torch.Tensor | None:
-    if t is None or t.dtype == dtype or not castable(t, spec):
-        return t
-    return t.to(dtype)
-
-
-def _note_casts(exc: Exception, device_type: str, specs: Any, given: tuple, cast: tuple) -> None:
-    changed = [
-        f"{spec.name!r} from {_name(t.dtype)} to {_name(c.dtype)}"
-        for spec, t, c in zip(specs, given, cast, strict=True)
-        if t is not None and c is not t
-    ]
-    if changed:
-        add_note(
-            exc,
-            f"under torch.autocast({device_type!r}) the op cast {', '.join(changed)}, as autocast "
-            "casts its torch counterpart's inputs",
-        )
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")

@@ -49,7 +49,11 @@ class Op:
     then take them as a third argument; False: only the inputs are kept."""
     _through_operator: ClassVar[Callable[..., Any]]
     """`op._through_operator(tensors)` calls the op through its torch.library operator (what
-    tracing, autocast and autograd see); library.py installs it."""
+    tracing sees: torch.compile, torch.export); library.py installs it."""
+    _autocast_eagerly: ClassVar[Callable[..., Any]]
+    """`op._autocast_eagerly(tensors)`: an eager call under autocast (eager.py installs it)."""
+    _autograd_eagerly: ClassVar[Callable[..., Any]]
+    """`op._autograd_eagerly(call)`: an eager call as one autograd node (eager.py)."""
     _backward_through_operator: ClassVar[Callable[..., Any]]
     """`op._backward_through_operator(grads, inputs, outputs, needs)`: the gradients `needs`
     asks for, through the op's opaque backward operator (a traced backward calls it); library.py
@@ -208,7 +212,7 @@ class Op:
         if _is_any_autocast_enabled() and self.signature.param_types is not None:
             tensors = self.signature.parse(type(self).op_name, args, kwargs)
             self.check_uncast(tensors)  # before autocast probes or casts anything
-            return self._through_operator(tensors)
+            return self._autocast_eagerly(tensors)
         plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
         call = self.signature.bind(type(self).op_name, args, kwargs, plan)
         if (
@@ -216,7 +220,7 @@ class Op:
             and torch.is_grad_enabled()
             and self.signature.param_types is not None
         ):
-            return self._through_operator(call.tensors)
+            return self._autograd_eagerly(call)
         if self._settled is BUILTIN and not self._checks and not call.written_empty:
             return self.forward(*call.tensors)  # the common case, one call shorter
         return self._execute(call)
@@ -226,6 +230,15 @@ class Op:
         torch.library operator does once autograd and autocast are dealt with."""
         plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
         return self._execute(self.signature.bind(type(self).op_name, tensors, {}, plan))
+
+    def call_eager_autograd(self, tensors: tuple[torch.Tensor | None, ...]) -> Any:
+        """`call_eager`, as one autograd node when an input needs a gradient: the eager
+        route once autocast has cast (eager.py)."""
+        plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
+        call = self.signature.bind(type(self).op_name, tensors, {}, plan)
+        if call.requires_grad and torch.is_grad_enabled():
+            return self._autograd_eagerly(call)
+        return self._execute(call)
 
     def reference_forward(self, *inputs: torch.Tensor | None) -> Any:
         """The op in plain, differentiable torch: what the reference backward differentiates

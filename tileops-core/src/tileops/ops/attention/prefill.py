@@ -130,9 +130,9 @@ class AttentionBackward(Kernel, BackwardInterface):
         self.needs = needs
 
     def forward(self, grads: tuple, inputs: tuple) -> tuple:
-        # Through the operator: traced (AOTAutograd, symbolic shapes), it is one node; eager, it
-        # dispatches by shape; under create_graph, its own autograd differentiates it.
-        found = library.call_operator(self.op, (grads[0], *inputs))
+        # traced (AOTAutograd, symbolic shapes), one node; eager, it dispatches by shape; under
+        # create_graph, its own autograd differentiates it
+        found = library.call_traced_or_eager(self.op, (grads[0], *inputs))
         return tuple(g if need else None for g, need in zip(found, self.needs, strict=True))
 
 

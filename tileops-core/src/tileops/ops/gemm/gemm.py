@@ -112,9 +112,9 @@ class GemmBackward(Kernel, BackwardInterface):
     dbias as dy summed over rows (float32 accumulation, one rounding). Gradients not needed
     are not computed.
 
-    The op's reference backward (general: a backend's backward kernel wins over it). The GEMMs
-    go through GemmOp's operator: traced (AOTAutograd, symbolic shapes) each is one node;
-    eagerly it dispatches by shape; under create_graph its own autograd differentiates it, so
+    The op's reference backward (general: a backend's backward kernel wins over it). Traced
+    (AOTAutograd, symbolic shapes), each GEMM is one node of GemmOp's operator; eagerly it
+    dispatches by shape; under create_graph its own autograd differentiates it, so
     the gradients are differentiable and second-order terms flow through the same GEMMs."""
 
     devices = frozenset({"cpu", "meta", "cuda"})
@@ -140,7 +140,7 @@ class GemmBackward(Kernel, BackwardInterface):
         found = tuple(
             None
             if plan is None
-            else library.call_operator(plan[0], (operands[plan[1]], operands[plan[2]], None))
+            else library.call_traced_or_eager(plan[0], (operands[plan[1]], operands[plan[2]], None))
             for plan in self.products
         )
         return (*found, *(grads[0].sum(0) if need else None for need in self.bias))

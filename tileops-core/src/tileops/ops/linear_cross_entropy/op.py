@@ -321,7 +321,8 @@ class LinearCrossEntropyBackward(Kernel, BackwardInterface):
         self.needs = needs
 
     def forward(self, grads: tuple, inputs: tuple) -> tuple:
-        _, grad_hidden, grad_weight, grad_bias = library.call_operator(self.op, (grads[0], *inputs))
+        found = library.call_traced_or_eager(self.op, (grads[0], *inputs))
+        _, grad_hidden, grad_weight, grad_bias = found
         found = (grad_hidden, grad_weight, None, grad_bias, None)
         return tuple(g if need else None for g, need in zip(found, self.needs, strict=True))
 

@@ -1,0 +1,116 @@
+"""Where a kernelized model's step spends its time, beside eager: the profile behind a ratio.
+
+For each (model, work) of `benchmarks/suites/models_h200.py` asked, one step of eager and one
+of kernelized run under `torch.profiler` (after three warm-up steps) and the GPU kernels are
+summed by name: total GPU time, host time of the step, and the kernels whose time differs most
+between the two, largest first.
+
+    python benchmarks/sweeps/model_profile_h200.py --models resnet50,encoder --works train
+        [--top 25] [--out DIR]
+
+Writes `<out>/model_profile_<device>.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites"))
+
+import torch
+from _harness.provenance import result_path, results_dir, run_stamp
+from models_h200 import Work, contender, works
+
+
+def kernel_times(work: Work, kernelized: bool, device: str) -> tuple[dict[str, float], float]:
+    """GPU microseconds by kernel name over one profiled step, and the step's wall ms."""
+    model, _ = contender(work, kernelized, compiled=False)
+    batch = work.batch(0)
+    for _ in range(3):
+        work.step(model, batch)
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        start = time.perf_counter()
+        work.step(model, batch)
+        torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) * 1e3
+    totals: dict[str, float] = collections.defaultdict(float)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name[:90]] += event.device_time
+    del model
+    torch.cuda.empty_cache()
+    return totals, wall
+
+
+def host_profile(work: Work, top: int) -> str:
+    """cProfile of one kernelized step (after warm-up): the host functions by own time."""
+    model, _ = contender(work, True, compiled=False)
+    batch = work.batch(0)
+    for _ in range(3):
+        work.step(model, batch)
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    work.step(model, batch)
+    torch.cuda.synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    del model
+    torch.cuda.empty_cache()
+    return text.getvalue()
+
+
+def report(work: Work, device: str, top: int) -> list[str]:
+    eager, eager_wall = kernel_times(work, False, device)
+    ours, ours_wall = kernel_times(work, True, device)
+    lines = [
+        f"## {work.model} {work.work}",
+        "",
+        f"step wall ms (profiled): eager {eager_wall:.2f}, kernelized {ours_wall:.2f}; "
+        f"GPU kernel ms: eager {sum(eager.values()) / 1e3:.2f}, "
+        f"kernelized {sum(ours.values()) / 1e3:.2f}; kernels launched: eager "
+        f"{len(eager)} names, kernelized {len(ours)} names",
+        "",
+        "| kernel | eager us | kernelized us | difference |",
+        "|---|---|---|---|",
+    ]
+    names = set(eager) | set(ours)
+    ranked = sorted(names, key=lambda n: -abs(ours.get(n, 0.0) - eager.get(n, 0.0)))
+    for name in ranked[:top]:
+        a, b = eager.get(name, 0.0), ours.get(name, 0.0)
+        lines.append(f"| `{name}` | {a:.0f} | {b:.0f} | {b - a:+.0f} |")
+    lines += ["", "Host functions of one kernelized step (cProfile, by own time):", "", "```"]
+    return [*lines, host_profile(work, top).strip(), "```", ""]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="resnet50,encoder,llama")
+    parser.add_argument("--works", default="train")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--out", default=str(results_dir("models")))
+    args = parser.parse_args()
+    wanted = [w for w in args.works.split(",") if w]
+    lines = ["# Model step profiles, eager against kernelized", ""]
+    lines += ["  ".join(f"{k}: {v}" for k, v in run_stamp().items()), ""]
+    path = result_path(args.out, "model_profile", torch.cuda.get_device_name(), ".md")
+    for work in works("cuda", tiny=False):
+        if work.model in args.models.split(",") and any(w in work.work for w in wanted):
+            lines += report(work, "cuda", args.top)
+            path.write_text("\n".join(lines) + "\n")  # each work as it ends
+            print(f"{work.model} {work.work}: done", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Host time of one training call (forward and backward) of a kernelized module against torch's,
+at a host-bound size, and where the kernelized one spends it (cProfile by cumulative time).
+
+    python benchmarks/sweeps/module_host_h200.py [--calls 300] [--top 45] [--out DIR]
+
+Writes `<out>/module_host_<device>.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import io
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+
+import torch
+from _harness.provenance import result_path, results_dir, run_stamp
+from torch import nn
+
+import tileops.nn
+
+
+def modules() -> dict[str, tuple[nn.Module, torch.Tensor]]:
+    """TransformerEncoderLayer d=1024's modules on its (8, 512, 1024) bf16 activations."""
+    with torch.device("cuda"):
+        x = torch.randn(8, 512, 1024, dtype=torch.bfloat16, requires_grad=True)
+        return {
+            "Linear 1024->4096": (nn.Linear(1024, 4096).bfloat16(), x),
+            "LayerNorm 1024": (nn.LayerNorm(1024).bfloat16(), x),
+        }
+
+
+def step(module: nn.Module, x: torch.Tensor) -> Callable[[], None]:
+    def run() -> None:
+        module(x).sum().backward()
+
+    return run
+
+
+def per_call_us(run: Callable[[], None], calls: int) -> float:
+    for _ in range(20):
+        run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            run()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(times)
+
+
+def host_profile(run: Callable[[], None], calls: int, top: int) -> str:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        run()
+    torch.cuda.synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(top)
+    return text.getvalue().strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--top", type=int, default=45)
+    parser.add_argument("--out", default=str(results_dir("dispatch")))
+    args = parser.parse_args()
+    lines = ["# Module training calls: host time, torch against kernelized", ""]
+    lines += ["  ".join(f"{k}: {v}" for k, v in run_stamp().items()), ""]
+    for name, (module, x) in modules().items():
+        ours = copy.deepcopy(module)
+        tileops.nn.kernelize(ours)
+        torch_us = per_call_us(step(module, x), args.calls)
+        ours_us = per_call_us(step(ours, x), args.calls)
+        lines += [f"## {name}", "", f"forward + backward per call: torch {torch_us:.1f} us, "
+                  f"kernelized {ours_us:.1f} us ({torch_us / ours_us:.2f}x)", "", "```",
+                  host_profile(step(ours, x), args.calls, args.top), "```", ""]  # fmt: skip
+        print("\n".join(lines[-6:-4]), flush=True)
+    path = result_path(args.out, "module_host", torch.cuda.get_device_name(), ".md")
+    path.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

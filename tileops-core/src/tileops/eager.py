@@ -1,0 +1,159 @@
+"""Autograd and autocast for eager calls, without the trip through the torch.library operator.
+
+Outside tracing, an op call that needs a gradient or runs under autocast does here what its
+operator (library.py) would do: cast as the op's torch counterpart is cast, run the op with
+autocast off, and record one autograd node whose backward is the op's "backward" interface.
+The operator costs four dispatcher hops, each re-parsing the call in Python, on every call: in
+a host-bound model (training, or inference at small batches) that cost was the whole gap to
+eager torch. Tracing (torch.compile, torch.export) still takes the operator: one opaque node.
+
+The helpers both routes share (which inputs may need a gradient, the outputs kept for the
+backward, the casts) live here; library.py imports them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .autocast import castable
+from .backward import backward_of
+from .errors import OpInputError, add_note
+from .op import Op
+from .scope import SCOPE, SCOPES
+
+if TYPE_CHECKING:
+    from .signature import BoundCall, Input
+
+_is_autocast_enabled = torch.is_autocast_enabled
+_set_autocast_enabled = torch.set_autocast_enabled
+_AUTOCAST_DEVICE_TYPES = frozenset({"cpu", "cuda"})  # the operator's autocast keys
+
+
+def refuse_gradients_it_lacks(op: Op, tensors: tuple) -> None:
+    """Under autograd, inputs the op has no gradient for (written ones, running stats) must not
+    require grad: torch's ops refuse them at the call, and a backward could not serve them."""
+    for spec, t in zip(op.signature.inputs, tensors, strict=True):
+        if t is not None and t.requires_grad and (spec.written or not spec.differentiable):
+            raise OpInputError(
+                f"{type(op).op_name}(): argument {spec.name!r} requires grad, but the op has no "
+                f"gradient for it{' (it writes it in place)' if spec.written else ''}; pass it "
+                "with requires_grad=False (detach it)"
+            )
+
+
+def keep_outputs(ctx: Any, outputs: tuple) -> None:
+    """Keep the outputs for the backward kernels without claiming them as saved tensors: a
+    caller may still modify an output in place (as after any of our ops); the backward then
+    finds its version changed and goes without it. Detached aliases share the version
+    counter, and hold no graph (no reference cycle through the output's grad_fn)."""
+    ctx.kept = tuple(t.detach() for t in outputs)
+    ctx.kept_versions = tuple(t._version for t in outputs)
+
+
+def kept_outputs(ctx: Any) -> tuple:
+    """The outputs kept at the forward, None for one modified in place since."""
+    if not hasattr(ctx, "kept"):
+        return ()
+    pairs = zip(ctx.kept, ctx.kept_versions, strict=True)
+    return tuple(t if t._version == v else None for t, v in pairs)
+
+
+def cast_for_autocast(t: torch.Tensor | None, dtype: torch.dtype, spec: Input) -> Any:
+    if t is None or t.dtype == dtype or not castable(t, spec):
+        return t
+    return t.to(dtype)
+
+
+def note_casts(exc: Exception, device_type: str, specs: Any, given: tuple, cast: tuple) -> None:
+    changed = [
+        f"{spec.name!r} from {_name(t.dtype)} to {_name(c.dtype)}"
+        for spec, t, c in zip(specs, given, cast, strict=True)
+        if t is not None and c is not t
+    ]
+    if changed:
+        add_note(
+            exc,
+            f"under torch.autocast({device_type!r}) the op cast {', '.join(changed)}, as autocast "
+            "casts its torch counterpart's inputs",
+        )
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# ---- the eager routes ----------------------------------------------------------------------
+
+
+def autocast_eagerly(op: Op, tensors: tuple) -> Any:
+    """The call under autocast: inputs cast as the op's torch counterpart's are, then the op
+    with autocast off for its device type (kernels that call torch ops get no second cast)."""
+    device_type = _device_type(tensors)
+    if device_type not in _AUTOCAST_DEVICE_TYPES or not _is_autocast_enabled(device_type):
+        return op.call_eager_autograd(tensors)  # autocast is on for another device type
+    specs = op.signature.inputs
+    dtype = op.autocast_dtype(device_type, tensors)
+    cast = tensors
+    if dtype is not None:
+        cast = tuple(cast_for_autocast(t, dtype, s) for t, s in zip(tensors, specs, strict=True))
+    _set_autocast_enabled(device_type, False)
+    try:
+        return op.call_eager_autograd(cast)
+    except OpInputError as exc:  # a dtype agreement the cast did not settle
+        note_casts(exc, device_type, specs, tensors, cast)
+        raise
+    finally:
+        _set_autocast_enabled(device_type, True)
+
+
+def _device_type(tensors: tuple) -> str | None:
+    return next((t.device.type for t in tensors if isinstance(t, torch.Tensor)), None)
+
+
+def autograd_eagerly(op: Op, call: BoundCall) -> Any:
+    """The call as one autograd node, whose backward is the op's "backward" interface."""
+    refuse_gradients_it_lacks(op, call.tensors)
+    return _EagerOp.apply(op, call, *call.tensors)
+
+
+class _EagerOp(torch.autograd.Function):
+    """What the operator's autograd registration does, for one eager call. Inputs the op writes
+    (BatchNorm's running stats) are not saved: they change during the forward. (A forward
+    taking `ctx`: with a separate setup_context, every apply re-reads the forward's signature.)"""
+
+    @staticmethod
+    def forward(ctx: Any, op: Op, call: BoundCall, *tensors: torch.Tensor | None) -> Any:
+        # below ADInplaceOrView, as an operator's kernel runs: an output that views a buffer of
+        # the kernel's own is no view to autograd, so a caller may modify it in place
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            out = op._execute(call)
+        specs = op.signature.inputs
+        for spec, t in zip(specs, tensors, strict=True):
+            if spec.written and t is not None:
+                torch.autograd.graph.increment_version(t)
+        outputs = out if isinstance(out, tuple) else (out,)
+        frozen = [
+            t for t, s in zip(outputs, op.signature.outputs, strict=True) if not s.differentiable
+        ]
+        if frozen:  # the log-sum-exp of attention: no gradient flows through it
+            ctx.mark_non_differentiable(*frozen)
+        ctx.save_for_backward(
+            *[None if s.written else t for t, s in zip(tensors, specs, strict=True)]
+        )
+        ctx.op, ctx.scope = op, SCOPE.get()
+        if type(op).saves_outputs:
+            keep_outputs(ctx, outputs)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
+        needs = tuple(ctx.needs_input_grad[2:])
+        with SCOPES.resume(ctx.scope):
+            found = backward_of(ctx.op, grads, tuple(ctx.saved_tensors), needs, kept_outputs(ctx))
+        return (None, None, *found)
+
+
+Op._autocast_eagerly = autocast_eagerly
+Op._autograd_eagerly = autograd_eagerly
