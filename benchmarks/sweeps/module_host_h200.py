@@ -1,5 +1,6 @@
 """Host time of one training call (forward and backward) of a kernelized module against torch's,
-at a host-bound size, and where the kernelized one spends it (cProfile by cumulative time).
+at a host-bound size, and where the kernelized one spends it (cProfile, by cumulative and by own
+time).
 
     python benchmarks/sweeps/module_host_h200.py [--calls 300] [--top 45] [--out DIR]
 
@@ -28,19 +29,27 @@ from torch import nn
 import tileops.nn
 
 
-def modules() -> dict[str, tuple[nn.Module, torch.Tensor]]:
-    """TransformerEncoderLayer d=1024's modules on its (8, 512, 1024) bf16 activations."""
+def modules() -> dict[str, tuple[nn.Module, torch.Tensor, bool]]:
+    """TransformerEncoderLayer d=1024's modules on its (8, 512, 1024) bf16 activations, and a
+    ResNet-50 BatchNorm2d layer under bf16 autocast, NCHW and channels_last: (module, x,
+    autocast)."""
     with torch.device("cuda"):
         x = torch.randn(8, 512, 1024, dtype=torch.bfloat16, requires_grad=True)
+        image = torch.randn(32, 256, 14, 14, dtype=torch.bfloat16, requires_grad=True)
+        last = image.detach().to(memory_format=torch.channels_last).requires_grad_()
         return {
-            "Linear 1024->4096": (nn.Linear(1024, 4096).bfloat16(), x),
-            "LayerNorm 1024": (nn.LayerNorm(1024).bfloat16(), x),
+            "Linear 1024->4096": (nn.Linear(1024, 4096).bfloat16(), x, False),
+            "LayerNorm 1024": (nn.LayerNorm(1024).bfloat16(), x, False),
+            "BatchNorm2d 32x256x14x14, autocast": (nn.BatchNorm2d(256), image, True),
+            "BatchNorm2d channels_last, autocast": (nn.BatchNorm2d(256), last, True),
         }
 
 
-def step(module: nn.Module, x: torch.Tensor) -> Callable[[], None]:
+def step(module: nn.Module, x: torch.Tensor, autocast: bool) -> Callable[[], None]:
     def run() -> None:
-        module(x).sum().backward()
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            y = module(x)
+        y.sum().backward()
 
     return run
 
@@ -68,6 +77,7 @@ def host_profile(run: Callable[[], None], calls: int, top: int) -> str:
     profiler.disable()
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(top)
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top // 2)
     return text.getvalue().strip()
 
 
@@ -79,14 +89,14 @@ def main() -> None:
     args = parser.parse_args()
     lines = ["# Module training calls: host time, torch against kernelized", ""]
     lines += ["  ".join(f"{k}: {v}" for k, v in run_stamp().items()), ""]
-    for name, (module, x) in modules().items():
+    for name, (module, x, autocast) in modules().items():
         ours = copy.deepcopy(module)
         tileops.nn.kernelize(ours)
-        torch_us = per_call_us(step(module, x), args.calls)
-        ours_us = per_call_us(step(ours, x), args.calls)
+        torch_us = per_call_us(step(module, x, autocast), args.calls)
+        ours_us = per_call_us(step(ours, x, autocast), args.calls)
         lines += [f"## {name}", "", f"forward + backward per call: torch {torch_us:.1f} us, "
                   f"kernelized {ours_us:.1f} us ({torch_us / ours_us:.2f}x)", "", "```",
-                  host_profile(step(ours, x), args.calls, args.top), "```", ""]  # fmt: skip
+                  host_profile(step(ours, x, autocast), args.calls, args.top), "```", ""]  # fmt: skip
         print("\n".join(lines[-6:-4]), flush=True)
     path = result_path(args.out, "module_host", torch.cuda.get_device_name(), ".md")
     path.write_text("\n".join(lines) + "\n")

@@ -13,6 +13,7 @@ from op_helpers import assert_matches, forbid_kernels, install_spy, randn
 from torch.nn.attention.bias import causal_lower_right
 
 from tileops import AttentionBwdOp, AttentionFwdOp, OpConfigError, OpInputError
+from tileops.ops.attention.prefill import AttentionBwdReference
 from tileops.ops import AttentionCall
 from tileops.testing import isolated_registry
 
@@ -213,6 +214,44 @@ def test_backward_op_matches_autograd_through_sdpa(causal, window):
     got = AttentionBwdOp(causal, None, window)(grad_out, *(t.detach() for t in (q, k, v)))
     for g, w in zip(got, want, strict=True):
         assert_matches(g, w)
+
+
+def test_the_forwards_backward_hands_its_kernel_the_forwards_out_and_lse(monkeypatch):
+    """The backward kernel gets out and lse as the forward returned them, and None for both
+    once a caller modified out in place (a kernel then recomputes what it needs)."""
+    seen = []
+    forward = AttentionBwdReference.forward
+
+    def spy(self, grad_out, q, k, v, out, lse):
+        seen.append((out, lse))
+        return forward(self, grad_out, q, k, v, out, lse)
+
+    monkeypatch.setattr(AttentionBwdReference, "__call__", spy)  # what an entry's call runs
+    q, k, v = (t.requires_grad_() for t in qkv(1, 4, 2, 5, 5, 8))
+    out, lse = AttentionFwdOp(causal=True)(q, k, v)
+    torch.autograd.grad(out.sum(), (q, k, v))
+    assert torch.equal(seen[-1][0], out) and torch.equal(seen[-1][1], lse)
+    out, _ = AttentionFwdOp(causal=True)(q, k, v)
+    out.mul_(2)
+    got = torch.autograd.grad(out.sum(), (q, k, v))
+    assert seen[-1] == (None, None)
+    want = torch.autograd.grad((2 * F.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=True)).sum(), (q, k, v))  # fmt: skip
+    for g, w in zip(got, want, strict=True):
+        assert_matches(g, w)
+
+
+def test_backward_op_takes_out_and_lse_together_or_neither():
+    q, k, v = qkv(1, 2, 2, 5, 5, 8)
+    grad_out = torch.ones(1, 2, 5, 8, dtype=torch.float64)
+    out, lse = AttentionFwdOp()(q, k, v)
+    with_saved = AttentionBwdOp()(grad_out, q, k, v, out, lse)
+    for g, w in zip(with_saved, AttentionBwdOp()(grad_out, q, k, v), strict=True):
+        assert torch.equal(g, w)
+    with pytest.raises(OpInputError, match="argument 'out' is given without 'lse'"):
+        AttentionBwdOp()(grad_out, q, k, v, out)
+    with pytest.raises(OpInputError, match="argument 'lse' is given without 'out'"):
+        AttentionBwdOp()(grad_out, q, k, v, lse=lse)
 
 
 def test_backward_of_rows_without_keys_is_zero():

@@ -32,10 +32,12 @@ def cases(grad: bool = False, dtype: torch.dtype = torch.float32) -> dict:
         for t in (k, v)
     ]
     blocks = [b[[1, 0, 3, 2]].contiguous().requires_grad_(grad) for b in blocks]
+    with torch.no_grad():  # the forward's out and lse, as its backward hands them on
+        saved = tileops.AttentionFwdOp(causal=True)(q, k, v)
     return {
         "forward": (lambda: tileops.AttentionFwdOp(causal=True), (q, k, v)),
         "forward, window": (lambda: tileops.AttentionFwdOp(True, 0.5, 3), (q, k, v)),
-        "backward": (lambda: tileops.AttentionBwdOp(causal=True), (grad_out, q, k, v)),
+        "backward": (lambda: tileops.AttentionBwdOp(causal=True), (grad_out, q, k, v, *saved)),
         "decode": (
             lambda: tileops.AttentionDecodeOp(causal=True),
             (q[:, :, -2:], k, v, lens, None),

@@ -96,6 +96,20 @@ def test_each_vendor_backward_matches_the_float64_reference(key, shape):
         assert rel_err(got, want) < 2 * TOLERANCE[BF16]
 
 
+@pytest.mark.parametrize("shape", CALLS[:2] + CALLS[3:], ids=str)
+def test_the_cudnn_backward_from_the_forwards_out_and_lse_matches_the_float64_reference(shape):
+    *dims, causal = shape
+    q, k, v = inputs(*dims, BF16)
+    grad_out = torch.randn_like(q)
+    op = AttentionBwdOp(causal=causal)
+    skip_unless_served(AttentionBwdOp, "sdpa_cudnn", op.call_for(q, k, v))
+    out, lse = AttentionFwdOp(causal=causal)(q, k, v)  # whichever kernel serves the forward
+    with pinned(AttentionBwdOp, "attention_bwd", "sdpa_cudnn"):
+        grads = op(grad_out, q, k, v, out, lse)
+    for got, want in zip(grads, reference(q, k, v, causal, grad_out), strict=True):
+        assert rel_err(got, want) < 2 * TOLERANCE[BF16]
+
+
 ISSUE_SHAPES = [  # the issue's prefill and decode shapes at a sixteenth of their tokens
     (1, 32, 8, 1024, 1024, 128, True),
     (4, 32, 8, 256, 256, 128, False),

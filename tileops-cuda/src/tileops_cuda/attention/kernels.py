@@ -179,8 +179,9 @@ class _SdpaForward(AttentionInterface):
 
 
 class _SdpaBackward(AttentionBwdInterface):
-    def forward(self, grad_out, q, k, v) -> tuple:
-        return sdpa.backward(self.backend, grad_out, q, k, v, self.causal, self.scale)
+    def forward(self, grad_out, q, k, v, out, lse) -> tuple:
+        saved = None if out is None else (out, lse)
+        return sdpa.backward(self.backend, grad_out, q, k, v, saved, self.causal, self.scale)
 
 
 class SdpaCudnn(_Cudnn, _SdpaForward):
@@ -196,7 +197,8 @@ class SdpaEfficient(_Efficient, _SdpaForward):
 
 
 class SdpaCudnnBackward(_Cudnn, _SdpaBackward):
-    """cuDNN's backward, after its forward recomputed for the state it takes."""
+    """cuDNN's backward, from the forward's out and lse where given (whichever kernel served
+    the forward: the interface fixes what they hold), else after its own forward."""
 
     preferred_over = frozenset({"sdpa_flash", "sdpa_efficient"})
 

@@ -3,9 +3,12 @@ interfaces: each calls its backend's own entry point, the operator `F.scaled_dot
 attention` dispatches to once it has chosen that backend, so the backend is forced (as under
 `torch.nn.attention.sdpa_kernel`) and its log-sum-exp comes back with the output.
 
-The backward recomputes the forward with the same backend (for the log-sum-exp and the saved
-state its backward takes) and runs that backend's backward; no autograd is involved, so it also
-runs inside the backward operator, where autograd does not record.
+cuDNN's backward starts from the forward's out and log-sum-exp where the caller kept them
+(whichever kernel served the forward: the attention interface fixes what they hold). Otherwise,
+and always for FlashAttention and the memory-efficient kernel (whose backward entry points also
+take the forward's random-number state), the backward recomputes the forward with the same
+backend and runs that backend's backward. No autograd is involved, so it also runs inside the
+backward operator, where autograd does not record.
 
 Causal masks: FlashAttention's entry point aligns its causal mask to the bottom right, as the
 attention interfaces do (torch's `causal_lower_right` bias calls it so); cuDNN's and the
@@ -15,9 +18,12 @@ calls each backend serves is declared in `kernels`.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 Tensor = torch.Tensor
+Saved = tuple[Tensor, Tensor] | None
 aten = torch.ops.aten
 
 
@@ -49,7 +55,9 @@ def flash_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -
     return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
 
 
-def flash_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float):
+def flash_backward(
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, saved: Saved, causal: bool, scale: float
+):
     out, lse, cum_q, cum_k, max_q, max_k, rng, unused, _ = flash_forward(q, k, v, causal, scale)
     return aten._scaled_dot_product_flash_attention_backward(
         grad_out, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, causal, rng, unused,
@@ -63,12 +71,30 @@ def cudnn_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -
     )
 
 
-def cudnn_backward(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float):
-    out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = cudnn_forward(q, k, v, causal, scale)
+def cudnn_backward(
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, saved: Saved, causal: bool, scale: float
+):
+    if saved is None:
+        out, lse, _, _, _, _, seed, offset, _ = cudnn_forward(q, k, v, causal, scale)
+    else:  # no dropout: the state is the zeros cuDNN's forward returns then
+        out, lse = saved[0], _cudnn_lse(saved[1])
+        seed = offset = q.new_zeros(1, dtype=torch.int64)
     return aten._scaled_dot_product_cudnn_attention_backward(
-        grad_out, q, k, v, out, lse, seed, offset, None, cum_q, cum_k, max_q, max_k, 0.0,
-        causal, scale=scale,
+        grad_out, q, k, v, out, lse, seed, offset, None, None, None, q.shape[2], k.shape[2],
+        0.0, causal, scale=scale,
     )  # fmt: skip
+
+
+def _cudnn_lse(lse: Tensor) -> Tensor:
+    """The interface's (batch, heads, q_len) log-sum-exp in the shape cuDNN's forward gives."""
+    return lse.unsqueeze(-1) if _cudnn_lse_rank() == 4 else lse
+
+
+@functools.cache
+def _cudnn_lse_rank() -> int:
+    """The rank of the log-sum-exp cuDNN's forward returns in this torch (its meta kernel)."""
+    q = torch.empty(1, 1, 8, 64, device="meta", dtype=torch.bfloat16)
+    return cudnn_forward(q, q, q, False, 0.125)[1].dim()
 
 
 def efficient_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple:
@@ -80,7 +106,7 @@ def efficient_forward(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: floa
 
 
 def efficient_backward(
-    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, saved: Saved, causal: bool, scale: float
 ) -> tuple[Tensor, Tensor, Tensor]:
     kv_heads = k.shape[1]
     k, v = repeat_heads(k, q.shape[1]), repeat_heads(v, q.shape[1])
@@ -105,8 +131,16 @@ def forward(backend: str, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: 
 
 
 def backward(
-    backend: str, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float
+    backend: str,
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    saved: Saved,
+    causal: bool,
+    scale: float,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(grad_q, grad_k, grad_v) of `backend`, contiguous."""
-    grads = BACKWARDS[backend](grad_out, q, k, v, causal, scale)
+    """(grad_q, grad_k, grad_v) of `backend`, contiguous; `saved`: the forward's (out, lse),
+    or None."""
+    grads = BACKWARDS[backend](grad_out, q, k, v, saved, causal, scale)
     return tuple(g.contiguous() for g in grads[:3])

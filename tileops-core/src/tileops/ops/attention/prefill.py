@@ -6,14 +6,14 @@ of its own (`AttentionBwdOp`) so that its kernels are chosen by shape as the for
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from ... import library
 from ...backward import BackwardCall, BackwardInterface, RecomputeBackward
 from ...callspec import CallSpec
-from ...errors import BackendError
+from ...errors import BackendError, OpInputError
 from ...kernel import Build, Kernel, KernelInterface
 from ...op import Op
 from ...signature import BoundCall, Input, Output, Signature
@@ -100,8 +100,10 @@ class AttentionReference(ReferenceKernel, AttentionInterface):
 class _Attention(AttentionParams):
     """The forward and backward ops' shared path: checks and the call spec of q, k, v."""
 
+    q_at: ClassVar[int] = 0  # q's position among the inputs; k follows it
+
     def check(self, call: BoundCall) -> None:
-        q, k = call.tensors[-3], call.tensors[-2]
+        q, k = call.tensors[self.q_at], call.tensors[self.q_at + 1]
         check_heads(type(self).__name__, q.shape[1], k.shape[1], q.shape[-1])
 
     def call_for(self, q: Tensor, k: Tensor, v: Tensor) -> AttentionCall:
@@ -112,9 +114,9 @@ class _Attention(AttentionParams):
 
 class AttentionBackward(Kernel, BackwardInterface):
     """`AttentionFwdOp`'s backward: the gradients through out from `AttentionBwdOp`, whose
-    kernels are chosen by shape (the backward call holds none). Differentiable: under
-    create_graph `AttentionBwdOp`'s operator runs through its own autograd. No gradient flows
-    through lse."""
+    kernels are chosen by shape (the backward call holds none), handed the forward's out and
+    lse (None where a caller modified one in place since). Differentiable: under create_graph
+    `AttentionBwdOp`'s operator runs through its own autograd. No gradient flows through lse."""
 
     devices = frozenset({"cpu", "meta", "cuda"})
     general = True
@@ -129,10 +131,12 @@ class AttentionBackward(Kernel, BackwardInterface):
         self.op = AttentionBwdOp(**params)
         self.needs = needs
 
-    def forward(self, grads: tuple, inputs: tuple) -> tuple:
+    def forward(self, grads: tuple, inputs: tuple, outputs: tuple = ()) -> tuple:
+        out, lse = (*outputs, None, None)[:2]
+        saved = (out, lse) if out is not None and lse is not None else (None, None)
         # traced (AOTAutograd, symbolic shapes), one node; eager, it dispatches by shape; under
         # create_graph, its own autograd differentiates it
-        found = library.call_traced_or_eager(self.op, (grads[0], *inputs))
+        found = library.call_traced_or_eager(self.op, (grads[0], *inputs, *saved))
         return tuple(g if need else None for g, need in zip(found, self.needs, strict=True))
 
 
@@ -151,6 +155,7 @@ class AttentionFwdOp(_Attention, Op):
     interfaces = {"attention": AttentionInterface, "backward": BackwardInterface}
     kernel_types = {"reference": AttentionReference, "reference_backward": AttentionBackward}
     signature = Signature((Q, K, V), PARAM_TYPES, (OUT, LSE))
+    saves_outputs = True  # out and lse: a backward kernel starts from them, not a second forward
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         if k.shape[2] == 0:
@@ -184,15 +189,20 @@ class AttentionBwdInterface(KernelInterface):
     and v, given the gradient of out.
 
     Layout contract: grad_out (batch, heads, q_len, v_dim), q, k and v as the "attention"
-    interface has them, all contiguous of the call's dtype. Return (grad_q, grad_k, grad_v),
-    contiguous, each of its input's shape and dtype (grad_k and grad_v summed over the query
-    heads of each group). Calls with batch * heads * q_len == 0 or kv_len == 0 never reach a
-    kernel.
+    interface has them, all contiguous of the call's dtype; out and lse as the forward returned
+    them (contiguous, the interface's lse: natural log-sum-exp in float32, or float64), both
+    given or both None (then a kernel recomputes what it needs from q, k and v). Return
+    (grad_q, grad_k, grad_v), contiguous, each of its input's shape and dtype (grad_k and
+    grad_v summed over the query heads of each group). Calls with batch * heads * q_len == 0 or
+    kv_len == 0 never reach a kernel.
     """
 
     call_spec = AttentionCall
 
-    def forward(self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple:
+    def forward(
+        self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor | None,
+        lse: Tensor | None,
+    ) -> tuple:  # fmt: skip
         raise NotImplementedError
 
 
@@ -205,29 +215,57 @@ class AttentionBwdReference(ReferenceKernel, AttentionBwdInterface):
     def __init__(self, scale: float, causal: bool, window: int | None) -> None:
         self.scale, self.causal, self.window = scale, causal, window
 
-    def forward(self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple:
+    def forward(
+        self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor | None,
+        lse: Tensor | None,
+    ) -> tuple:  # fmt: skip
         options = {"scale": self.scale, "causal": self.causal, "window": self.window}
         return attend_grads(grad_out, q, k, v, **options)
 
 
 class AttentionBwdOp(_Attention, Op):
     """The gradients of `AttentionFwdOp(causal, scale, window)`'s out at q, k and v, given
-    grad_out: (grad_q, grad_k, grad_v). What the forward op's backward calls."""
+    grad_out, and optionally the forward's out and lse (both or neither; with them a kernel
+    need not run the forward again): (grad_q, grad_k, grad_v). What the forward op's backward
+    calls."""
 
     namespace = "tileops"
     interfaces = {"attention_bwd": AttentionBwdInterface, "backward": BackwardInterface}
     kernel_types = {"reference": AttentionBwdReference, "reference_backward": RecomputeBackward}
     signature = Signature(
-        (Input("grad_out", ("batch", "heads", "q_len", "v_dim")), Q, K, V),
+        (
+            Input("grad_out", ("batch", "heads", "q_len", "v_dim")),
+            Q,
+            K,
+            V,
+            Input("out", ("batch", "heads", "q_len", "v_dim"), dtypes=("q",), optional=True,
+                  differentiable=False),
+            Input("lse", ("batch", "heads", "q_len"), optional=True, differentiable=False),
+        ),
         PARAM_TYPES,
         (Output("grad_q", like="q"), Output("grad_k", like="k"), Output("grad_v", like="v")),
-    )
+    )  # fmt: skip
 
-    def forward(self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple:
+    q_at = 1
+
+    def check(self, call: BoundCall) -> None:
+        super().check(call)
+        out, lse = call.tensors[4:]
+        if (out is None) != (lse is None):
+            given, missing = ("out", "lse") if lse is None else ("lse", "out")
+            raise OpInputError(
+                f"AttentionBwdOp(): argument {given!r} is given without {missing!r}; pass the "
+                "forward's out and lse together, or neither"
+            )
+
+    def forward(
+        self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor | None = None,
+        lse: Tensor | None = None,
+    ) -> tuple:  # fmt: skip
         if k.shape[2] == 0:  # no key: out is zeros whatever q, k, v are
             return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         call = self.call_for(q, k, v)
-        args = [t.contiguous() for t in (grad_out, q, k, v)]
+        args = [None if t is None else t.contiguous() for t in (grad_out, q, k, v, out, lse)]
         kernel = self.kernel_for("attention_bwd", call)
         grads = kernel(*args)
         for grad, like in zip(grads, (q, k, v), strict=True):
@@ -235,8 +273,11 @@ class AttentionBwdOp(_Attention, Op):
                 raise _broken_grads(self, call, grads)
         return tuple(grads)
 
-    def reference_forward(self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor) -> tuple:
-        scale = self.scale_for(q.shape[-1])
+    def reference_forward(
+        self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor | None = None,
+        lse: Tensor | None = None,
+    ) -> tuple:  # fmt: skip
+        scale = self.scale_for(q.shape[-1])  # from q, k and v alone: out and lse are a shortcut
         return attend_grads(grad_out, q, k, v, scale=scale, causal=self.causal, window=self.window)
 
     @classmethod
