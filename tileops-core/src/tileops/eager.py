@@ -87,20 +87,23 @@ def _name(dtype: torch.dtype) -> str:
 # ---- the eager routes ----------------------------------------------------------------------
 
 
-def autocast_eagerly(op: Op, tensors: tuple) -> Any:
+def autocast_eagerly(op: Op, tensors: tuple, checked: BoundCall | None) -> Any:
     """The call under autocast: inputs cast as the op's torch counterpart's are, then the op
-    with autocast off for its device type (kernels that call torch ops get no second cast)."""
+    with autocast off for its device type (kernels that call torch ops get no second cast).
+    `checked`: the call as the checks bound it before any cast (None when they wait for it)."""
     device_type = _device_type(tensors)
     if device_type not in _AUTOCAST_DEVICE_TYPES or not _is_autocast_enabled(device_type):
-        return op.call_eager_autograd(tensors)  # autocast is on for another device type
+        return op.call_eager_autograd(tensors, checked)  # autocast is on for another device
     specs = op.signature.inputs
     dtype = op.autocast_dtype(device_type, tensors)
     cast = tensors
     if dtype is not None:
         cast = tuple(cast_for_autocast(t, dtype, s) for t, s in zip(tensors, specs, strict=True))
+    if checked is not None and any(c is not t for c, t in zip(cast, tensors, strict=True)):
+        checked = None  # the cast call is bound anew
     _set_autocast_enabled(device_type, False)
     try:
-        return op.call_eager_autograd(cast)
+        return op.call_eager_autograd(cast, checked)
     except OpInputError as exc:  # a dtype agreement the cast did not settle
         note_casts(exc, device_type, specs, tensors, cast)
         raise

@@ -51,7 +51,7 @@ class Op:
     """`op._through_operator(tensors)` calls the op through its torch.library operator (what
     tracing sees: torch.compile, torch.export); library.py installs it."""
     _autocast_eagerly: ClassVar[Callable[..., Any]]
-    """`op._autocast_eagerly(tensors)`: an eager call under autocast (eager.py installs it)."""
+    """`op._autocast_eagerly(tensors, checked)`: an eager call under autocast (eager.py)."""
     _autograd_eagerly: ClassVar[Callable[..., Any]]
     """`op._autograd_eagerly(call)`: an eager call as one autograd node (eager.py)."""
     _backward_through_operator: ClassVar[Callable[..., Any]]
@@ -211,8 +211,8 @@ class Op:
             return self._through_operator(tensors)  # Dynamo sees one node, never our locks
         if _is_any_autocast_enabled() and self.signature.param_types is not None:
             tensors = self.signature.parse(type(self).op_name, args, kwargs)
-            self.check_uncast(tensors)  # before autocast probes or casts anything
-            return self._autocast_eagerly(tensors)
+            checked = self.check_uncast(tensors)  # before autocast probes or casts anything
+            return self._autocast_eagerly(tensors, checked)
         plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
         call = self.signature.bind(type(self).op_name, args, kwargs, plan)
         if (
@@ -231,11 +231,14 @@ class Op:
         plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
         return self._execute(self.signature.bind(type(self).op_name, tensors, {}, plan))
 
-    def call_eager_autograd(self, tensors: tuple[torch.Tensor | None, ...]) -> Any:
+    def call_eager_autograd(
+        self, tensors: tuple[torch.Tensor | None, ...], call: BoundCall | None = None
+    ) -> Any:
         """`call_eager`, as one autograd node when an input needs a gradient: the eager
-        route once autocast has cast (eager.py)."""
-        plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
-        call = self.signature.bind(type(self).op_name, tensors, {}, plan)
+        route once autocast has cast (eager.py). `call`: `tensors` bound already."""
+        if call is None:
+            plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
+            call = self.signature.bind(type(self).op_name, tensors, {}, plan)
         if call.requires_grad and torch.is_grad_enabled():
             return self._autograd_eagerly(call)
         return self._execute(call)
@@ -256,10 +259,11 @@ class Op:
         backward call (under tracing a size may be a SymInt). None: the plain `BackwardCall`."""
         return None
 
-    def check_uncast(self, tensors: tuple[Any, ...]) -> None:
+    def check_uncast(self, tensors: tuple[Any, ...]) -> BoundCall | None:
         """The op's checks (signature, `check`) on a call autocast will cast, with the errors
         and messages they have without autocast; only a dtype disagreement between inputs
-        autocast may cast waits for the cast (judged after it, as torch does)."""
+        autocast may cast waits for the cast (judged after it, as torch does). The call as
+        checked, or None when a disagreement waits for the cast."""
         try:
             return self._check_tensors(tensors)
         except OpInputError:
@@ -267,12 +271,14 @@ class Op:
             if agreed is None:
                 raise
         self._check_tensors(agreed)  # what is left once the castable inputs agree
+        return None
 
-    def _check_tensors(self, tensors: tuple[Any, ...]) -> None:
+    def _check_tensors(self, tensors: tuple[Any, ...]) -> BoundCall:
         plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
         call = self.signature.bind(type(self).op_name, tensors, {}, plan)
         if self._checks:
             self.check(call)
+        return call
 
     def autocast_dtype(
         self, device_type: str, tensors: tuple[torch.Tensor | None, ...]
