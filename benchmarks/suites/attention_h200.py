@@ -139,11 +139,12 @@ def training_contenders(q, k, v, causal: bool, notes: dict) -> Timed:
     candidates["tileops (dispatched)"] = step(lambda: op(q, k, v))
     for key in keys_of(AttentionBwdOp, "attention_bwd"):
         # Autograd runs the backward on a thread of its own, which a pin (per thread) does not
-        # reach: the op's forward, then its backward op pinned, as autograd would call them.
+        # reach: the op's forward, then its backward op pinned, given the forward's out and lse
+        # as autograd would call them.
         def pair() -> torch.Tensor:
             with torch.no_grad():
-                op(q, k, v)
-                return backward(grad, q, k, v)[0]
+                out, lse = op(q, k, v)
+                return backward(grad, q, k, v, out, lse)[0]
 
         run = pinned_call(AttentionBwdOp, "attention_bwd", key, pair)
         candidates[f"tileops backward {key}"] = run

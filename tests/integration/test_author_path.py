@@ -3,6 +3,7 @@ overlapping targets, operator typos, a device kind of their own; fresh interpret
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from typing import TYPE_CHECKING
 
@@ -144,12 +145,13 @@ emit(code=code, name=torch._C._get_privateuse1_backend_name())
 
 def test_a_device_kind_of_its_own_through_privateuse1(sites: Sites):
     for rename in (True, False):
-        proc = sites.run(["-c", f"RENAME = {rename}\n" + _script(PRIVATEUSE1)])
+        proc = sites.run(["-c", f"RENAME = {rename}\n" + _script(sites, PRIVATEUSE1)])
         assert "vendorx_softmax [" in proc.stdout and "chosen" in proc.stdout
         assert '"code": 0' in proc.stdout and '"name": "vendorx"' in proc.stdout
 
 
-def _script(body: str) -> str:
-    from conftest import PRELUDE
-
-    return PRELUDE + textwrap.dedent(body)
+def _script(sites: Sites, body: str) -> str:
+    # the prelude of the conftest that made `sites` (another folder's conftest may be the
+    # module named "conftest" when several test folders run in one session)
+    prelude = sys.modules[type(sites).__module__].PRELUDE
+    return prelude + textwrap.dedent(body)
