@@ -1,8 +1,11 @@
 """GPU timing: medians of `triton.testing.do_bench` (the L2 cleared per repetition), back-to-back
-loops, CUDA-graph replays, and GPU kernel times from the profiler."""
+loops, CUDA-graph replays, GPU kernel times from the profiler, and host profiles (cProfile)."""
 
 from __future__ import annotations
 
+import cProfile
+import io
+import pstats
 import statistics
 import time
 from collections.abc import Callable
@@ -120,3 +123,19 @@ def per_call_ns(fns: dict, device: str, number: int, repeats: int) -> dict[str, 
             synchronize()
             times[name].append((time.perf_counter() - start) / number * 1e9)
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def host_profile(fn: Callable[[], Any], calls: int, top: int, orders=("tottime",)) -> str:
+    """cProfile of `calls` calls of `fn` (the device synchronised at the end): the `top`
+    functions in each of `orders` ("tottime": own time, "cumulative")."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    profiler.disable()
+    text = io.StringIO()
+    for order in orders:
+        pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(top)
+    return text.getvalue().strip()

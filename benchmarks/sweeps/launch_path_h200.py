@@ -15,9 +15,6 @@ Writes `<out>/launch_path_<device>.txt`.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
-import pstats
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -29,10 +26,11 @@ import torch
 import torch.nn.functional as F
 from _harness.ops import serving_entry
 from _harness.provenance import result_path, results_dir, run_stamp
-from _harness.timing import per_call_ns
+from _harness.timing import host_profile, per_call_ns
 
 import tileops
 import tileops.nn
+from tileops_cuda._common.compile import entry_function
 
 BACKENDS = ("tvm_ffi", "cython")
 
@@ -61,22 +59,11 @@ def direct_launches(kernel: Any, args: tuple) -> dict[str, Callable[[], Any]]:
             continue
         found[f"tilelang {backend}, preallocated"] = lambda j=jit: j(*buffers)
         if backend == "tvm_ffi":  # the executable's entry function, TileLang's wrapper skipped
-            entry = jit.adapter._get_executable().jit().main
+            entry = entry_function(jit)
+            if entry is jit:  # a finding too: Launch falls back to TileLang's call the same way
+                print("tvm_ffi: no entry function found; Launch would call TileLang's wrapper")
             found["tvm_ffi entry function, preallocated"] = lambda e=entry: e(*buffers)
     return found
-
-
-def profile_top(fn: Callable[[], Any], calls: int = 5000, top: int = 25) -> str:
-    """The `top` functions by own time over `calls` calls of `fn`."""
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    profiler.disable()
-    text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
-    return text.getvalue()
 
 
 def cases() -> dict[str, tuple]:
@@ -125,8 +112,8 @@ def measure(name: str, case: tuple, number: int, repeats: int) -> list[str]:
     base = found["torch function"]
     lines = [f"## {name}: ns per call (ratio to the torch function)"]
     lines += [f"  {k:<44} {v:>9,.0f}  {v / base:5.2f}" for k, v in found.items()]
-    lines += ["", "cProfile of the op's calls:", profile_top(op_call), ""]
-    return lines + ["cProfile of the module's calls:", profile_top(module_call), ""]
+    lines += ["", "cProfile of the op's calls:", host_profile(op_call, 5000, 25), ""]
+    return lines + ["cProfile of the module's calls:", host_profile(module_call, 5000, 25), ""]
 
 
 def main() -> None:

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import cProfile
-import io
-import pstats
+import functools
 import sys
 import time
 from pathlib import Path
@@ -27,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites"))
 
 import torch
 from _harness.provenance import result_path, results_dir, run_stamp
+from _harness.timing import host_profile
 from models_h200 import Work, contender, works
 
 
@@ -52,23 +51,17 @@ def kernel_times(work: Work, kernelized: bool, device: str) -> tuple[dict[str, f
     return totals, wall
 
 
-def host_profile(work: Work, top: int) -> str:
+def kernelized_host_profile(work: Work, top: int) -> str:
     """cProfile of one kernelized step (after warm-up): the host functions by own time."""
     model, _ = contender(work, True, compiled=False)
     batch = work.batch(0)
     for _ in range(3):
         work.step(model, batch)
     torch.cuda.synchronize()
-    profiler = cProfile.Profile()
-    profiler.enable()
-    work.step(model, batch)
-    torch.cuda.synchronize()
-    profiler.disable()
-    text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    found = host_profile(functools.partial(work.step, model, batch), 1, top)
     del model
     torch.cuda.empty_cache()
-    return text.getvalue()
+    return found
 
 
 def report(work: Work, device: str, top: int) -> list[str]:
@@ -91,7 +84,7 @@ def report(work: Work, device: str, top: int) -> list[str]:
         a, b = eager.get(name, 0.0), ours.get(name, 0.0)
         lines.append(f"| `{name}` | {a:.0f} | {b:.0f} | {b - a:+.0f} |")
     lines += ["", "Host functions of one kernelized step (cProfile, by own time):", "", "```"]
-    return [*lines, host_profile(work, top).strip(), "```", ""]
+    return [*lines, kernelized_host_profile(work, top), "```", ""]
 
 
 def main() -> None:

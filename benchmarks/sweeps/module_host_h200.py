@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import cProfile
-import io
-import pstats
 import statistics
 import sys
 import time
@@ -24,9 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 
 import torch
 from _harness.provenance import result_path, results_dir, run_stamp
+from _harness.timing import host_profile
 from torch import nn
 
 import tileops.nn
+
+ORDERS = ("cumulative", "tottime")
 
 
 def modules() -> dict[str, tuple[nn.Module, torch.Tensor, bool]]:
@@ -68,19 +68,6 @@ def per_call_us(run: Callable[[], None], calls: int) -> float:
     return statistics.median(times)
 
 
-def host_profile(run: Callable[[], None], calls: int, top: int) -> str:
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(calls):
-        run()
-    torch.cuda.synchronize()
-    profiler.disable()
-    text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(top)
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top // 2)
-    return text.getvalue().strip()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=300)
@@ -94,9 +81,10 @@ def main() -> None:
         tileops.nn.kernelize(ours)
         torch_us = per_call_us(step(module, x, autocast), args.calls)
         ours_us = per_call_us(step(ours, x, autocast), args.calls)
+        profile = host_profile(step(ours, x, autocast), args.calls, args.top, ORDERS)
         lines += [f"## {name}", "", f"forward + backward per call: torch {torch_us:.1f} us, "
                   f"kernelized {ours_us:.1f} us ({torch_us / ours_us:.2f}x)", "", "```",
-                  host_profile(step(ours, x, autocast), args.calls, args.top), "```", ""]  # fmt: skip
+                  profile, "```", ""]  # fmt: skip
         print("\n".join(lines[-6:-4]), flush=True)
     path = result_path(args.out, "module_host", torch.cuda.get_device_name(), ".md")
     path.write_text("\n".join(lines) + "\n")

@@ -13,8 +13,8 @@ from op_helpers import assert_matches, forbid_kernels, install_spy, randn
 from torch.nn.attention.bias import causal_lower_right
 
 from tileops import AttentionBwdOp, AttentionFwdOp, OpConfigError, OpInputError
-from tileops.ops.attention.prefill import AttentionBwdReference
 from tileops.ops import AttentionCall
+from tileops.ops.attention.prefill import AttentionBwdReference
 from tileops.testing import isolated_registry
 
 HALF_TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
