@@ -10,6 +10,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from .. import library
+from ..backward import BackwardCall, BackwardInterface
 from ..callspec import CallSpec
 from ..errors import OpConfigError
 from ..kernel import Build, Kernel
@@ -205,3 +207,32 @@ def describe(t: Any) -> str:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+class GradOpBackward(Kernel, BackwardInterface):
+    """An op's reference backward that computes its gradients with another op of the catalogue,
+    `grad_op`, built with the forward's params: that op's kernels are chosen by its own call's
+    shapes (a backward call holds none). Traced (AOTAutograd, symbolic shapes) it is one node of
+    its operator; eagerly it dispatches by shape; under create_graph its own autograd
+    differentiates it, so the gradients are differentiable."""
+
+    devices = frozenset({"cpu", "meta", "cuda"})
+    general = True
+    differentiable = True
+    grad_op: ClassVar[type]
+
+    @classmethod
+    def entry_for(cls, call: BackwardCall) -> tuple[Hashable, Build]:
+        identity = (call.params, call.needs)
+        return identity, lambda: cls(dict(call.params), call.needs)
+
+    def __init__(self, params: dict[str, Any], needs: tuple[bool, ...]) -> None:
+        self.op = self.grad_op(**params)
+        self.needs = needs
+
+    def run_grad_op(self, tensors: tuple) -> Any:
+        return library.call_traced_or_eager(self.op, tensors)
+
+    def wanted(self, found: tuple) -> tuple:
+        """`found`, one per input, with None where no gradient was asked for."""
+        return tuple(g if need else None for g, need in zip(found, self.needs, strict=True))

@@ -5,19 +5,18 @@ of its own (`AttentionBwdOp`) so that its kernels are chosen by shape as the for
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ... import library
-from ...backward import BackwardCall, BackwardInterface, RecomputeBackward
+from ...backward import BackwardInterface, RecomputeBackward
 from ...callspec import CallSpec
 from ...errors import BackendError, OpInputError
-from ...kernel import Build, Kernel, KernelInterface
+from ...kernel import KernelInterface
 from ...op import Op
 from ...signature import BoundCall, Input, Output, Signature
-from .._common import ReferenceKernel, sample_case
+from .._common import GradOpBackward, ReferenceKernel, sample_case
 from ._base import PARAM_TYPES, AttentionParams, call_kernel, check_heads, no_keys
 from ._math import attend, attend_grads
 
@@ -112,76 +111,7 @@ class _Attention(AttentionParams):
         return AttentionCall(kv_len=kv_len, **self.call_fields(q, v))
 
 
-class AttentionBackward(Kernel, BackwardInterface):
-    """`AttentionFwdOp`'s backward: the gradients through out from `AttentionBwdOp`, whose
-    kernels are chosen by shape (the backward call holds none), handed the forward's out and
-    lse (None where a caller modified one in place since). Differentiable: under create_graph
-    `AttentionBwdOp`'s operator runs through its own autograd. No gradient flows through lse."""
-
-    devices = frozenset({"cpu", "meta", "cuda"})
-    general = True
-    differentiable = True
-
-    @classmethod
-    def entry_for(cls, call: BackwardCall) -> tuple[Hashable, Build]:
-        identity = (call.params, call.needs)
-        return identity, lambda: cls(dict(call.params), call.needs)
-
-    def __init__(self, params: dict[str, Any], needs: tuple[bool, ...]) -> None:
-        self.op = AttentionBwdOp(**params)
-        self.needs = needs
-
-    def forward(self, grads: tuple, inputs: tuple, outputs: tuple = ()) -> tuple:
-        out, lse = (*outputs, None, None)[:2]
-        saved = (out, lse) if out is not None and lse is not None else (None, None)
-        # traced (AOTAutograd, symbolic shapes), one node; eager, it dispatches by shape; under
-        # create_graph, its own autograd differentiates it
-        found = library.call_traced_or_eager(self.op, (grads[0], *inputs, *saved))
-        return tuple(g if need else None for g, need in zip(found, self.needs, strict=True))
-
-
-class AttentionFwdOp(_Attention, Op):
-    """`F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)` with a causal
-    mask aligned to the bottom right (`is_causal` where q_len == kv_len) and an optional
-    sliding window, returning (out, lse). lse is not differentiable (as torch's own attention
-    kernels declare it): gradients flow through out.
-
-    q (batch, heads, q_len, head_dim), k (batch, kv_heads, kv_len, head_dim), v (batch,
-    kv_heads, kv_len, v_dim); out (batch, heads, q_len, v_dim); lse (batch, heads, q_len) in
-    float32 (float64 for float64 inputs).
-    """
-
-    namespace = "tileops"
-    interfaces = {"attention": AttentionInterface, "backward": BackwardInterface}
-    kernel_types = {"reference": AttentionReference, "reference_backward": AttentionBackward}
-    signature = Signature((Q, K, V), PARAM_TYPES, (OUT, LSE))
-    saves_outputs = True  # out and lse: a backward kernel starts from them, not a second forward
-
-    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if k.shape[2] == 0:
-            return no_keys(q, v.shape[-1], q.shape[:-1])
-        call = self.call_for(q, k, v)
-        out_shape = (*q.shape[:-1], v.shape[-1])
-        args = q.contiguous(), k.contiguous(), v.contiguous()
-        return call_kernel(self, "attention", call, out_shape, *args)
-
-    def reference_forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        scale = self.scale_for(q.shape[-1])
-        return attend(q, k, v, scale=scale, causal=self.causal, window=self.window)
-
-    @classmethod
-    def sample_cases(cls) -> Iterable[Case]:
-        yield sample_case({}, (2, 4, 16, 32), (2, 4, 16, 32), (2, 4, 16, 32))
-        shapes = (1, 8, 24, 64), (1, 2, 40, 64), (1, 2, 40, 64)
-        yield sample_case({"causal": True}, *shapes, note="GQA, q_len < kv_len")
-        shapes = (2, 4, 32, 16), (2, 1, 32, 16), (2, 1, 32, 16)
-        params = {"causal": True, "scale": 0.2, "window": 8}
-        yield sample_case(params, *shapes, note="MQA, sliding window")
-        shapes = (4, 8, 1, 64), (4, 2, 100, 64), (4, 2, 100, 64)
-        yield sample_case({"causal": True}, *shapes, note="decode")
-
-
-# -- backward --------------------------------------------------------------------------------
+# -- the backward op ------------------------------------------------------------------------
 
 
 class AttentionBwdInterface(KernelInterface):
@@ -295,3 +225,60 @@ def _broken_grads(op: Op, call: AttentionCall, grads: Any) -> Exception:
         "the interface's layout contract expects contiguous gradients shaped and typed like q, "
         "k and v. Fix the kernel, or refuse such calls in its refusal()."
     )
+
+
+# -- the forward op and its backward kernel ---------------------------------------------------
+
+
+class AttentionBackward(GradOpBackward):
+    """`AttentionFwdOp`'s backward: the gradients through out from `AttentionBwdOp`, handed the
+    forward's out and lse (None where a caller modified one in place since). No gradient flows
+    through lse."""
+
+    grad_op = AttentionBwdOp
+
+    def forward(self, grads: tuple, inputs: tuple, outputs: tuple = ()) -> tuple:
+        out, lse = (*outputs, None, None)[:2]
+        saved = (out, lse) if out is not None and lse is not None else (None, None)
+        return self.wanted(self.run_grad_op((grads[0], *inputs, *saved)))
+
+
+class AttentionFwdOp(_Attention, Op):
+    """`F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)` with a causal
+    mask aligned to the bottom right (`is_causal` where q_len == kv_len) and an optional
+    sliding window, returning (out, lse). lse is not differentiable (as torch's own attention
+    kernels declare it): gradients flow through out.
+
+    q (batch, heads, q_len, head_dim), k (batch, kv_heads, kv_len, head_dim), v (batch,
+    kv_heads, kv_len, v_dim); out (batch, heads, q_len, v_dim); lse (batch, heads, q_len) in
+    float32 (float64 for float64 inputs).
+    """
+
+    namespace = "tileops"
+    interfaces = {"attention": AttentionInterface, "backward": BackwardInterface}
+    kernel_types = {"reference": AttentionReference, "reference_backward": AttentionBackward}
+    signature = Signature((Q, K, V), PARAM_TYPES, (OUT, LSE))
+    saves_outputs = True  # out and lse: a backward kernel starts from them, not a second forward
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if k.shape[2] == 0:
+            return no_keys(q, v.shape[-1], q.shape[:-1])
+        call = self.call_for(q, k, v)
+        out_shape = (*q.shape[:-1], v.shape[-1])
+        args = q.contiguous(), k.contiguous(), v.contiguous()
+        return call_kernel(self, "attention", call, out_shape, *args)
+
+    def reference_forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        scale = self.scale_for(q.shape[-1])
+        return attend(q, k, v, scale=scale, causal=self.causal, window=self.window)
+
+    @classmethod
+    def sample_cases(cls) -> Iterable[Case]:
+        yield sample_case({}, (2, 4, 16, 32), (2, 4, 16, 32), (2, 4, 16, 32))
+        shapes = (1, 8, 24, 64), (1, 2, 40, 64), (1, 2, 40, 64)
+        yield sample_case({"causal": True}, *shapes, note="GQA, q_len < kv_len")
+        shapes = (2, 4, 32, 16), (2, 1, 32, 16), (2, 1, 32, 16)
+        params = {"causal": True, "scale": 0.2, "window": 8}
+        yield sample_case(params, *shapes, note="MQA, sliding window")
+        shapes = (4, 8, 1, 64), (4, 2, 100, 64), (4, 2, 100, 64)
+        yield sample_case({"causal": True}, *shapes, note="decode")

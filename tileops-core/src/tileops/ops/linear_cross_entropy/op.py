@@ -16,15 +16,21 @@ from typing import Any
 
 import torch
 
-from ... import library
-from ...backward import BackwardCall, BackwardInterface, RecomputeBackward
+from ...backward import BackwardInterface, RecomputeBackward
 from ...callspec import CallSpec
 from ...errors import BackendError, OpConfigError, OpInputError
-from ...kernel import Build, Kernel, KernelInterface
+from ...kernel import Build, KernelInterface
 from ...op import Op
 from ...samples import Case
 from ...signature import FLOAT_DTYPES, BoundCall, Input, Output, Signature
-from .._common import ReferenceKernel, _as_int, _is_real, contiguous, int_param
+from .._common import (
+    GradOpBackward,
+    ReferenceKernel,
+    _as_int,
+    _is_real,
+    contiguous,
+    int_param,
+)
 from ._math import (
     REDUCTIONS,
     RowStep,
@@ -302,29 +308,14 @@ class LinearCrossEntropyGradOp(_LinearCrossEntropy, Op):
         yield Case({"reduction": "none"}, (grad, hidden, weight, labels, None, None), "no bias")
 
 
-class LinearCrossEntropyBackward(Kernel, BackwardInterface):
-    """`LinearCrossEntropyFwdOp`'s backward: the gradients from `LinearCrossEntropyGradOp`
-    (its kernels chosen by shape; the backward call holds none), through its operator so
-    that it traces as one node and differentiates again under create_graph."""
+class LinearCrossEntropyBackward(GradOpBackward):
+    """`LinearCrossEntropyFwdOp`'s backward: the gradients from `LinearCrossEntropyGradOp`."""
 
-    devices = frozenset({"cpu", "meta", "cuda"})
-    general = True
-    differentiable = True
-
-    @classmethod
-    def entry_for(cls, call: BackwardCall) -> tuple[Hashable, Build]:
-        identity = (call.params, call.needs)
-        return identity, lambda: cls(dict(call.params), call.needs)
-
-    def __init__(self, params: dict[str, Any], needs: tuple[bool, ...]) -> None:
-        self.op = LinearCrossEntropyGradOp(**params)
-        self.needs = needs
+    grad_op = LinearCrossEntropyGradOp
 
     def forward(self, grads: tuple, inputs: tuple) -> tuple:
-        found = library.call_traced_or_eager(self.op, (grads[0], *inputs))
-        _, grad_hidden, grad_weight, grad_bias = found
-        found = (grad_hidden, grad_weight, None, grad_bias, None)
-        return tuple(g if need else None for g, need in zip(found, self.needs, strict=True))
+        _, grad_hidden, grad_weight, grad_bias = self.run_grad_op((grads[0], *inputs))
+        return self.wanted((grad_hidden, grad_weight, None, grad_bias, None))
 
 
 class LinearCrossEntropyFwdOp(_LinearCrossEntropy, Op):
