@@ -34,8 +34,9 @@ _AUTOCAST_DEVICE_TYPES = frozenset({"cpu", "cuda"})  # the operator's autocast k
 def refuse_gradients_it_lacks(op: Op, tensors: tuple) -> None:
     """Under autograd, inputs the op has no gradient for (written ones, running stats) must not
     require grad: torch's ops refuse them at the call, and a backward could not serve them."""
-    for spec, t in zip(op.signature.inputs, tensors, strict=True):
-        if t is not None and t.requires_grad and (spec.written or not spec.differentiable):
+    for k in op.signature.gradless_at:
+        t, spec = tensors[k], op.signature.inputs[k]
+        if t is not None and t.requires_grad:
             raise OpInputError(
                 f"{type(op).op_name}(): argument {spec.name!r} requires grad, but the op has no "
                 f"gradient for it{' (it writes it in place)' if spec.written else ''}; pass it "
@@ -132,19 +133,18 @@ class _EagerOp(torch.autograd.Function):
         # the kernel's own is no view to autograd, so a caller may modify it in place
         with torch._C._AutoDispatchBelowADInplaceOrView():
             out = op._execute(call)
-        specs = op.signature.inputs
-        for spec, t in zip(specs, tensors, strict=True):
-            if spec.written and t is not None:
-                torch.autograd.graph.increment_version(t)
+        signature = op.signature
         outputs = out if isinstance(out, tuple) else (out,)
-        frozen = [
-            t for t, s in zip(outputs, op.signature.outputs, strict=True) if not s.differentiable
-        ]
-        if frozen:  # the log-sum-exp of attention: no gradient flows through it
-            ctx.mark_non_differentiable(*frozen)
-        ctx.save_for_backward(
-            *[None if s.written else t for t, s in zip(tensors, specs, strict=True)]
-        )
+        if signature.frozen_at:  # the log-sum-exp of attention: no gradient flows through it
+            ctx.mark_non_differentiable(*(outputs[k] for k in signature.frozen_at))
+        if signature.written_at:
+            saved = list(tensors)
+            for k in signature.written_at:
+                if saved[k] is not None:
+                    torch.autograd.graph.increment_version(saved[k])
+                    saved[k] = None
+            tensors = tuple(saved)
+        ctx.save_for_backward(*tensors)
         ctx.op, ctx.scope = op, SCOPE.get()
         if type(op).saves_outputs:
             keep_outputs(ctx, outputs)

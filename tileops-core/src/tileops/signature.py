@@ -134,6 +134,13 @@ class Signature:
         self.names = tuple(i.name for i in inputs)
         self._positions = {name: k for k, name in enumerate(self.names)}
         self._must_stay_contiguous = tuple(i.written and i.contiguous for i in inputs)
+        # what autograd needs per call, read once: positions of the inputs the op writes, of
+        # those without a gradient (written or not differentiable), of outputs without one
+        self.written_at = tuple(k for k, i in enumerate(inputs) if i.written)
+        self.gradless_at = tuple(
+            k for k, i in enumerate(inputs) if i.written or not i.differentiable
+        )
+        self.frozen_at = tuple(k for k, o in enumerate(outputs) if not o.differentiable)
         self._validate()
 
     def _validate(self) -> None:
