@@ -215,3 +215,17 @@ def test_gradcheck_in_float64_through_the_backward_reference(name):
               for k, s in enumerate(shapes)]  # fmt: skip
     with tileops.pinned(type(op), "backward", "reference_backward"):
         assert torch.autograd.gradcheck(op, inputs)
+
+
+def test_is_traced_tells_fake_and_functionalized_tensors_from_real_ones():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tileops.backward import is_traced
+
+    assert not is_traced((torch.ones(2), None), ())
+    assert not is_traced((None,), (torch.nn.Parameter(torch.ones(2)),))
+    with FakeTensorMode():
+        fake = torch.ones(2)
+        wrapped = torch._to_functional_tensor(fake)  # the plain tensor type, a fake inside
+    assert is_traced((fake,))
+    assert type(wrapped) is torch.Tensor and is_traced((wrapped,))

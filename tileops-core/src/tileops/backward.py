@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .op import Op
 
 Tensors = tuple[torch.Tensor | None, ...]
+_is_functional = torch._is_functional_tensor
 NOT_DIFFERENTIABLE = (
     "this backward runs under create_graph (double backward), and the kernel does not declare "
     "differentiable = True: the gradients it returns would drop the second-order terms"
@@ -222,9 +223,12 @@ def is_traced(*groups: Sequence[torch.Tensor | None]) -> bool:
     traces a backward with): shapes may be symbolic, and no kernel can read the data."""
     if torch.compiler.is_compiling():
         return True
-    # a trace holds no real tensor beside fake ones: the first tensor tells
+    # a trace holds no real tensor beside fake ones: the first tensor tells (a plain tensor
+    # that no functionalization wraps is real, and costs no `is_fake`)
     first = next((t for group in groups for t in group if t is not None), None)
-    return first is not None and is_fake(first)
+    if first is None or (type(first) is torch.Tensor and not _is_functional(first)):
+        return False
+    return is_fake(first)
 
 
 def _traced(
