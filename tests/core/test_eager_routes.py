@@ -123,3 +123,20 @@ def test_autocast_of_another_device_type_leaves_the_call_uncast(no_operator):
         torch.set_autocast_enabled("cuda", False)
     assert y.dtype == expected.dtype == torch.float32
     torch.testing.assert_close(y, expected)
+
+
+def test_a_tensor_left_over_from_a_torch_func_transform_trains_as_a_plain_one(no_operator):
+    """A wrapper a finished `torch.func.grad` left behind (Function.apply unwraps those; the
+    eager route calls the C-level apply, and the dispatcher takes them as they are)."""
+    leaked = []
+
+    def loss(t):
+        leaked.append(t * 1)
+        return t.sum()
+
+    torch.func.grad(loss)(torch.randn(3, 8, dtype=torch.float64))
+    x, w = leaked[0].requires_grad_(), torch.randn(8, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(tileops.RMSNormFwdOp(8)(x, w).sum(), (w,))
+    plain = x.detach().clone().requires_grad_()
+    (expected,) = torch.autograd.grad(F.rms_norm(plain, (8,), w).sum(), (w,))
+    torch.testing.assert_close(grad, expected)
