@@ -158,9 +158,11 @@ class _EagerOp(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
         needs = tuple(ctx.needs_input_grad[2:])
+        args = ctx.op, grads, tuple(ctx.saved_tensors), needs, kept_outputs(ctx)
+        if ctx.scope is None:  # no pin, record or simulation around the forward: nothing to resume
+            return (None, None, *backward_of(*args))
         with SCOPES.resume(ctx.scope):
-            found = backward_of(ctx.op, grads, tuple(ctx.saved_tensors), needs, kept_outputs(ctx))
-        return (None, None, *found)
+            return (None, None, *backward_of(*args))
 
 
 Op._autocast_eagerly = autocast_eagerly
