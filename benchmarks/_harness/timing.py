@@ -7,8 +7,10 @@ import cProfile
 import io
 import pstats
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -138,4 +140,13 @@ def host_profile(fn: Callable[[], Any], calls: int, top: int, orders=("tottime",
     text = io.StringIO()
     for order in orders:
         pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(top)
-    return text.getvalue().strip()
+    return _relative_paths(text.getvalue().strip())
+
+
+def _relative_paths(text: str) -> str:
+    """Source paths as the project and the packages name them: no folders of the machine (the
+    project root and every import path, the longest first, are cut off)."""
+    roots = {str(Path(__file__).resolve().parents[2]), *(p for p in sys.path if p)}
+    for root in sorted(roots, key=len, reverse=True):
+        text = text.replace(f"{root.rstrip('/')}/", "")
+    return text
