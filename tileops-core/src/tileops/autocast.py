@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .signature import Input
 
 _policies: dict[tuple, torch.dtype | None] = {}
+_UNSEEN = object()
 
 
 def castable(t: Any, spec: Input) -> bool:
@@ -50,16 +51,16 @@ def agreeing(op: Op, tensors: tuple) -> tuple | None:
 def autocast_policy(
     op: Op, device_type: str, tensors: tuple[torch.Tensor | None, ...]
 ) -> torch.dtype | None:
-    """The dtype to cast the op's castable inputs to, or None to leave them as they are."""
-    specs = op.signature.inputs
-    dtypes = {t.dtype for t, spec in zip(tensors, specs, strict=True) if castable(t, spec)}
-    if not dtypes:
-        return None
+    """The dtype to cast the op's castable inputs to, or None to leave them as they are. The
+    inputs' dtypes decide which are castable, so with the autocast state they key the answer."""
     lower = torch.get_autocast_dtype(device_type)
-    key = (type(op), device_type, lower, tuple(None if t is None else t.dtype for t in tensors))
-    if key not in _policies:
-        _policies[key] = _policy(op, tensors, lower, dtypes)
-    return _policies[key]
+    key = (type(op), device_type, lower, tuple([None if t is None else t.dtype for t in tensors]))
+    found = _policies.get(key, _UNSEEN)
+    if found is _UNSEEN:
+        specs = op.signature.inputs
+        dtypes = {t.dtype for t, spec in zip(tensors, specs, strict=True) if castable(t, spec)}
+        found = _policies[key] = _policy(op, tensors, lower, dtypes) if dtypes else None
+    return found
 
 
 def _policy(
