@@ -7,8 +7,8 @@ The operator costs four dispatcher hops, each re-parsing the call in Python, on 
 a host-bound model (training, or inference at small batches) that cost was the whole gap to
 eager torch. Tracing (torch.compile, torch.export) still takes the operator: one opaque node.
 
-The helpers both routes share (which inputs may need a gradient, the outputs kept for the
-backward, the casts) live here; library.py imports them.
+The helpers both routes share (which inputs may need a gradient, what a backward keeps of a
+call and how it runs, the casts) live here; library.py imports them.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from .backward import backward_of
 from .errors import OpInputError, add_note
 from .op import Op
 from .scope import SCOPE, SCOPES
+from .signature import dtype_name
 
 if TYPE_CHECKING:
     from .signature import BoundCall, Input
@@ -29,7 +30,8 @@ if TYPE_CHECKING:
 _is_autocast_enabled = torch.is_autocast_enabled
 _set_autocast_enabled = torch.set_autocast_enabled
 _functorch_active = torch._C._are_functorch_transforms_active
-_AUTOCAST_DEVICE_TYPES = frozenset({"cpu", "cuda"})  # the operator's autocast keys
+AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}
+"""The device types autocast casts ops for, and their dispatch keys (the operator's)."""
 
 
 def refuse_gradients_it_lacks(op: Op, tensors: tuple) -> None:
@@ -45,7 +47,32 @@ def refuse_gradients_it_lacks(op: Op, tensors: tuple) -> None:
             )
 
 
-def keep_outputs(ctx: Any, outputs: tuple) -> None:
+def remember_for_backward(ctx: Any, op: Op, tensors: tuple, outputs: tuple) -> None:
+    """What a backward needs of one call, for both routes: the inputs (None for those the op
+    writes: they change during the forward), the scope the call ran in, the outputs kept where
+    the op says so; outputs without a gradient (attention's log-sum-exp) marked so."""
+    signature = op.signature
+    if signature.frozen_at:
+        ctx.mark_non_differentiable(*(outputs[k] for k in signature.frozen_at))
+    if signature.written_at:
+        tensors = tuple(None if k in signature.written_at else t for k, t in enumerate(tensors))
+    ctx.save_for_backward(*tensors)
+    ctx.scope = SCOPE.get()
+    if type(op).saves_outputs:
+        _keep_outputs(ctx, outputs)
+
+
+def gradients(ctx: Any, op: Op, grads: tuple, needs: tuple[bool, ...]) -> Any:
+    """The gradients `needs` asks for, from the op's backward interface, in the scope its
+    forward ran in (pins and records reach it; autograd may run it on a thread of its own)."""
+    args = op, grads, tuple(ctx.saved_tensors), needs, _kept_outputs(ctx)
+    if ctx.scope is None:  # no pin, record or simulation around the forward: nothing to resume
+        return backward_of(*args)
+    with SCOPES.resume(ctx.scope):
+        return backward_of(*args)
+
+
+def _keep_outputs(ctx: Any, outputs: tuple) -> None:
     """Keep the outputs for the backward kernels without claiming them as saved tensors: a
     caller may still modify an output in place (as after any of our ops); the backward then
     finds its version changed and goes without it. Detached aliases share the version
@@ -54,7 +81,7 @@ def keep_outputs(ctx: Any, outputs: tuple) -> None:
     ctx.kept_versions = tuple(t._version for t in outputs)
 
 
-def kept_outputs(ctx: Any) -> tuple:
+def _kept_outputs(ctx: Any) -> tuple:
     """The outputs kept at the forward, None for one modified in place since."""
     if not hasattr(ctx, "kept"):
         return ()
@@ -70,7 +97,7 @@ def cast_for_autocast(t: torch.Tensor | None, dtype: torch.dtype, spec: Input) -
 
 def note_casts(exc: Exception, device_type: str, specs: Any, given: tuple, cast: tuple) -> None:
     changed = [
-        f"{spec.name!r} from {_name(t.dtype)} to {_name(c.dtype)}"
+        f"{spec.name!r} from {dtype_name(t.dtype)} to {dtype_name(c.dtype)}"
         for spec, t, c in zip(specs, given, cast, strict=True)
         if t is not None and c is not t
     ]
@@ -82,10 +109,6 @@ def note_casts(exc: Exception, device_type: str, specs: Any, given: tuple, cast:
         )
 
 
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 # ---- the eager routes ----------------------------------------------------------------------
 
 
@@ -94,7 +117,7 @@ def autocast_eagerly(op: Op, tensors: tuple, checked: BoundCall | None) -> Any:
     with autocast off for its device type (kernels that call torch ops get no second cast).
     `checked`: the call as the checks bound it before any cast (None when they wait for it)."""
     device_type = _device_type(tensors)
-    if device_type not in _AUTOCAST_DEVICE_TYPES or not _is_autocast_enabled(device_type):
+    if device_type not in AUTOCAST_KEYS or not _is_autocast_enabled(device_type):
         return op.call_eager_autograd(tensors, checked)  # autocast is on for another device
     specs = op.signature.inputs
     dtype = op.autocast_dtype(device_type, tensors)
@@ -128,9 +151,8 @@ def autograd_eagerly(op: Op, call: BoundCall) -> Any:
 
 
 class _EagerOp(torch.autograd.Function):
-    """What the operator's autograd registration does, for one eager call. Inputs the op writes
-    (BatchNorm's running stats) are not saved: they change during the forward. (A forward
-    taking `ctx`: with a separate setup_context, every apply re-reads the forward's signature.)"""
+    """What the operator's autograd registration does, for one eager call. (A forward taking
+    `ctx`: with a separate setup_context, every apply re-reads the forward's signature.)"""
 
     @staticmethod
     def forward(ctx: Any, op: Op, call: BoundCall, *tensors: torch.Tensor | None) -> Any:
@@ -138,31 +160,16 @@ class _EagerOp(torch.autograd.Function):
         # the kernel's own is no view to autograd, so a caller may modify it in place
         with torch._C._AutoDispatchBelowADInplaceOrView():
             out = op._execute(call)
-        signature = op.signature
-        outputs = out if isinstance(out, tuple) else (out,)
-        if signature.frozen_at:  # the log-sum-exp of attention: no gradient flows through it
-            ctx.mark_non_differentiable(*(outputs[k] for k in signature.frozen_at))
-        if signature.written_at:
-            saved = list(tensors)
-            for k in signature.written_at:
-                if saved[k] is not None:
-                    torch.autograd.graph.increment_version(saved[k])
-                    saved[k] = None
-            tensors = tuple(saved)
-        ctx.save_for_backward(*tensors)
-        ctx.op, ctx.scope = op, SCOPE.get()
-        if type(op).saves_outputs:
-            keep_outputs(ctx, outputs)
+        for k in op.signature.written_at:  # once, as an operator that writes it bumps it
+            if tensors[k] is not None:
+                torch.autograd.graph.increment_version(tensors[k])
+        remember_for_backward(ctx, op, tensors, out if isinstance(out, tuple) else (out,))
+        ctx.op = op
         return out
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        needs = tuple(ctx.needs_input_grad[2:])
-        args = ctx.op, grads, tuple(ctx.saved_tensors), needs, kept_outputs(ctx)
-        if ctx.scope is None:  # no pin, record or simulation around the forward: nothing to resume
-            return (None, None, *backward_of(*args))
-        with SCOPES.resume(ctx.scope):
-            return (None, None, *backward_of(*args))
+        return (None, None, *gradients(ctx, ctx.op, grads, tuple(ctx.needs_input_grad[2:])))
 
 
 Op._autocast_eagerly = autocast_eagerly

@@ -17,18 +17,18 @@ from typing import Any
 
 import torch
 
-from .backward import backward_of, is_traced, run_backward
+from .backward import is_traced, run_backward
 from .eager import (
+    AUTOCAST_KEYS,
     cast_for_autocast,
-    keep_outputs,
-    kept_outputs,
+    gradients,
     note_casts,
     refuse_gradients_it_lacks,
+    remember_for_backward,
 )
 from .errors import OpDefinitionError, OpInputError
 from .op import Op
 from .registry import REGISTRY
-from .scope import SCOPE, SCOPES
 from .table import ENTRY_LIMIT, remember
 
 _LIBRARIES: dict[str, torch.library.Library] = {}
@@ -36,7 +36,6 @@ _OPERATORS: dict[type, Any] = {}
 _BACKWARD_OPERATORS: dict[type, Any] = {}
 _INSTANCES: dict[tuple, Op] = {}
 _lock = threading.RLock()
-_AUTOCAST_KEYS = {"cpu": "AutocastCPU", "cuda": "AutocastCUDA"}
 
 
 def operator(op_cls: type[Op]) -> Any:
@@ -94,7 +93,7 @@ def _define(op_cls: type[Op]) -> Any:
         torch.library.register_autograd(
             qualname, _backward(op_cls), setup_context=_setup_context(op_cls), lib=library
         )
-    for device_type, key in _AUTOCAST_KEYS.items():
+    for device_type, key in AUTOCAST_KEYS.items():
         library.impl(name, _autocast_impl(op_cls, device_type), key)
     # With the forward: a compiled backward loaded from the compiler's cache calls it untraced.
     _BACKWARD_OPERATORS[op_cls] = _define_backward(op_cls, library)
@@ -199,27 +198,16 @@ def _setup_context(op_cls: type[Op]) -> Any:
         tensors, params, target = _split(op_cls, inputs)
         op = instance(op_cls, params, target)
         refuse_gradients_it_lacks(op, tensors)
-        outputs = output if isinstance(output, tuple) else (output,)
-        specs = op.signature.outputs
-        frozen = [t for t, s in zip(outputs, specs, strict=True) if not s.differentiable]
-        if frozen:  # the log-sum-exp of attention: no gradient flows through it
-            ctx.mark_non_differentiable(*frozen)
-        ctx.save_for_backward(*tensors)
-        ctx.params, ctx.target, ctx.scope = params, target, SCOPE.get()
-        if op_cls.saves_outputs:
-            keep_outputs(ctx, outputs)
+        remember_for_backward(ctx, op, tensors, output if isinstance(output, tuple) else (output,))
+        ctx.params, ctx.target = params, target
 
     return setup_context
 
 
 def _backward(op_cls: type[Op]) -> Any:
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        count = len(op_cls.signature.inputs)
-        needs = tuple(ctx.needs_input_grad[:count])
-        op = instance(op_cls, ctx.params, ctx.target)
-        saved = tuple(ctx.saved_tensors)
-        with SCOPES.resume(ctx.scope):
-            tensor_grads = backward_of(op, grads, saved, needs, kept_outputs(ctx))
+        needs = tuple(ctx.needs_input_grad[: len(op_cls.signature.inputs)])
+        tensor_grads = gradients(ctx, instance(op_cls, ctx.params, ctx.target), grads, needs)
         return (*tensor_grads, *[None] * (len(ctx.params) + 1))
 
     return backward
@@ -288,25 +276,22 @@ def _mutating_autograd(op_cls: type[Op]) -> Any:
 
 
 class _MutatingOp(torch.autograd.Function):
-    """Autograd for an operator that writes some inputs (BatchNorm's running stats): those are
-    not saved (they change during the forward, and no output depends on their new values)."""
+    """Autograd for an operator that writes some inputs (BatchNorm's running stats), which
+    `register_autograd` does not take."""
 
     @staticmethod
     def forward(ctx: Any, op_cls: type[Op], params: dict, target: str | None, *tensors: Any) -> Any:
-        signature = instance(op_cls, params, target).signature  # BatchNorm's follows training
-        written = [spec.written for spec in signature.inputs]
-        ctx.save_for_backward(*[None if w else t for t, w in zip(tensors, written, strict=True)])
-        ctx.op_cls, ctx.params, ctx.target, ctx.scope = op_cls, params, target, SCOPE.get()
         with torch._C._AutoDispatchBelowAutograd():
-            return operator(op_cls)(*tensors, *params.values(), target)
+            out = operator(op_cls)(*tensors, *params.values(), target)
+        op = instance(op_cls, params, target)  # its signature: BatchNorm's follows training
+        remember_for_backward(ctx, op, tensors, out if isinstance(out, tuple) else (out,))
+        ctx.op_cls, ctx.params, ctx.target = op_cls, params, target
+        return out
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple:
-        needs = tuple(ctx.needs_input_grad[3:])
         op = instance(ctx.op_cls, ctx.params, ctx.target)
-        with SCOPES.resume(ctx.scope):
-            tensor_grads = backward_of(op, grads, tuple(ctx.saved_tensors), needs)
-        return (None, None, None, *tensor_grads)
+        return (None, None, None, *gradients(ctx, op, grads, tuple(ctx.needs_input_grad[3:])))
 
 
 def _autocast_impl(op_cls: type[Op], device_type: str) -> Any:

@@ -228,8 +228,7 @@ class Op:
     def call_eager(self, tensors: tuple[torch.Tensor | None, ...]) -> Any:
         """Run the op on `tensors` (signature order) through the dispatcher itself: what the
         torch.library operator does once autograd and autocast are dealt with."""
-        plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
-        return self._execute(self.signature.bind(type(self).op_name, tensors, {}, plan))
+        return self._execute(self._bind(tensors))
 
     def call_eager_autograd(
         self, tensors: tuple[torch.Tensor | None, ...], call: BoundCall | None = None
@@ -237,8 +236,7 @@ class Op:
         """`call_eager`, as one autograd node when an input needs a gradient: the eager
         route once autocast has cast (eager.py). `call`: `tensors` bound already."""
         if call is None:
-            plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
-            call = self.signature.bind(type(self).op_name, tensors, {}, plan)
+            call = self._bind(tensors)
         if call.requires_grad and torch.is_grad_enabled():
             return self._autograd_eagerly(call)
         return self._execute(call)
@@ -274,8 +272,7 @@ class Op:
         return None
 
     def _check_tensors(self, tensors: tuple[Any, ...]) -> BoundCall:
-        plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
-        call = self.signature.bind(type(self).op_name, tensors, {}, plan)
+        call = self._bind(tensors)
         if self._checks:
             self.check(call)
         return call
@@ -301,6 +298,11 @@ class Op:
     def params(self) -> dict[str, Any]:
         """The signature's params, read from the instance's attributes of the same names."""
         return {name: getattr(self, name) for name in self.signature.params}
+
+    def _bind(self, tensors: tuple[Any, ...]) -> BoundCall:
+        """`tensors` (signature order) parsed and checked against the signature."""
+        plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
+        return self.signature.bind(type(self).op_name, tensors, {}, plan)
 
     def _make_shape_plan(self) -> ShapePlan:
         self._shape_plan = self.signature.plan(self.params())

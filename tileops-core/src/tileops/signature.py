@@ -313,8 +313,8 @@ class Signature:
                 first, want = dtypes[0]
                 if dtype != want:
                     raise OpInputError(
-                        f"{op}(): argument {name!r} has dtype {_dtype_name(dtype)}, but {first!r} "
-                        f"has dtype {_dtype_name(want)}; expected {name!r} in {_dtype_name(want)} "
+                        f"{op}(): argument {name!r} has dtype {dtype_name(dtype)}, but {first!r} "
+                        f"has dtype {dtype_name(want)}; expected {name!r} in {dtype_name(want)} "
                         f"({', '.join(group)} must share one dtype when given)"
                     )
 
@@ -406,7 +406,8 @@ def _not_dense(op: str, name: str, value: torch.Tensor) -> OpInputError:
     )
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
+def dtype_name(dtype: torch.dtype) -> str:
+    """`bfloat16` for torch.bfloat16: how every message names a dtype."""
     return str(dtype).removeprefix("torch.")
 
 

@@ -20,6 +20,7 @@ from .plugins import LOADER
 from .provenance import Source
 from .registry import BUILTIN, REGISTRY
 from .samples import Case
+from .signature import dtype_name
 
 __all__ = [
     "Case",
@@ -103,7 +104,7 @@ class Mismatch:
     detail: str
 
     def __str__(self) -> str:
-        return f"{self.case} [{_dtype_name(self.dtype)}]: {self.detail}"
+        return f"{self.case} [{dtype_name(self.dtype)}]: {self.detail}"
 
 
 @dataclass
@@ -214,7 +215,7 @@ def check_conformance(
             before = _cast(inputs, dtype, torch.device(device))
             got = _run(op, inputs)
             if served is not None and kernel[0] not in served:
-                report.not_served.append(f"{case.describe()} [{_dtype_name(dtype)}]")
+                report.not_served.append(f"{case.describe()} [{dtype_name(dtype)}]")
                 continue
             report.checked += 1
             _compare(case, dtype, got, want, report)
@@ -262,10 +263,6 @@ def _cpu_twin_simulation(
             f"tileops.testing.simulate_device({str(device)!r}, arch=..., sm_count=...)"
         )
     return simulation
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def case(params: Mapping[str, Any], *shapes: tuple[int, ...] | None, note: str = "") -> Case:

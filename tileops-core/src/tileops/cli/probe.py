@@ -24,7 +24,7 @@ import torch
 
 from ..callspec import CallSpec
 from ..op import Op
-from ..signature import BATCH
+from ..signature import BATCH, dtype_name
 
 Shape = tuple[int, ...]
 
@@ -93,10 +93,6 @@ def parse_dtype(text: str) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"{text!r} is not a torch dtype (e.g. float16, bfloat16, float32)")
     return dtype
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
 
 
 def parse_params(items: Sequence[str]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from ..callspec import CallSpec
 from ..errors import OpConfigError
 from ..kernel import Build, Kernel
 from ..samples import Case
-from ..signature import HALF_DTYPES
+from ..signature import HALF_DTYPES, dtype_name
 
 # -- constructor params ----------------------------------------------------------------------
 
@@ -203,10 +203,6 @@ def describe(t: Any) -> str:
         return type(t).__name__
     layout = "contiguous" if t.is_contiguous() else "non-contiguous"
     return f"a {layout} {dtype_name(t.dtype)} tensor of shape {list(t.shape)} on {t.device}"
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 class GradOpBackward(Kernel, BackwardInterface):
