@@ -3,7 +3,9 @@
 For each (model, work) of `benchmarks/suites/models_h200.py` asked, one step of eager and one
 of kernelized run under `torch.profiler` (after three warm-up steps) and the GPU kernels are
 summed by name: total GPU time, host time of the step, and the kernels whose time differs most
-between the two, largest first.
+between the two, largest first. From the same traces: how long the GPU idled inside the step
+and how much of that it starved (waited for the host's next launch); and from one more step
+recorded with Python stacks, which functions were running while it starved.
 
     python benchmarks/sweeps/model_profile_h200.py --models resnet50,encoder --works train
         [--top 25] [--out DIR]
@@ -17,6 +19,7 @@ import argparse
 import collections
 import functools
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,13 +27,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites"))
 
 import torch
+from _harness import timeline
 from _harness.provenance import result_path, results_dir, run_stamp
 from _harness.timing import host_profile
 from models_h200 import Work, contender, works
 
 
-def kernel_times(work: Work, kernelized: bool, device: str) -> tuple[dict[str, float], float]:
-    """GPU microseconds by kernel name over one profiled step, and the step's wall ms."""
+def kernel_times(
+    work: Work, kernelized: bool, trace: Path
+) -> tuple[dict[str, float], float, dict[str, float]]:
+    """GPU microseconds by kernel name over one profiled step, the step's wall ms and its
+    timeline summary (`timeline.starved_gaps`); then one more step with Python stacks,
+    its trace left at `trace`."""
     model, _ = contender(work, kernelized, compiled=False)
     batch = work.batch(0)
     for _ in range(3):
@@ -42,13 +50,19 @@ def kernel_times(work: Work, kernelized: bool, device: str) -> tuple[dict[str, f
         work.step(model, batch)
         torch.cuda.synchronize()
         wall = (time.perf_counter() - start) * 1e3
+    prof.export_chrome_trace(str(trace))
+    gaps = timeline.summary(trace)
     totals: dict[str, float] = collections.defaultdict(float)
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA:
             totals[event.name[:90]] += event.device_time
+    with torch.profiler.profile(activities=activities, with_stack=True) as prof:
+        work.step(model, batch)
+        torch.cuda.synchronize()
+    prof.export_chrome_trace(str(trace))
     del model
     torch.cuda.empty_cache()
-    return totals, wall
+    return totals, wall, gaps
 
 
 def kernelized_host_profile(work: Work, top: int) -> str:
@@ -64,9 +78,11 @@ def kernelized_host_profile(work: Work, top: int) -> str:
     return found
 
 
-def report(work: Work, device: str, top: int) -> list[str]:
-    eager, eager_wall = kernel_times(work, False, device)
-    ours, ours_wall = kernel_times(work, True, device)
+def report(work: Work, top: int, traces: Path) -> list[str]:
+    stem = f"{work.model}_{work.work}".replace(" ", "_")
+    eager, eager_wall, eager_gaps = kernel_times(work, False, traces / f"{stem}_eager.json")
+    ours_trace = traces / f"{stem}_kernelized.json"
+    ours, ours_wall, ours_gaps = kernel_times(work, True, ours_trace)
     lines = [
         f"## {work.model} {work.work}",
         "",
@@ -74,6 +90,20 @@ def report(work: Work, device: str, top: int) -> list[str]:
         f"GPU kernel ms: eager {sum(eager.values()) / 1e3:.2f}, "
         f"kernelized {sum(ours.values()) / 1e3:.2f}; kernels launched: eager "
         f"{len(eager)} names, kernelized {len(ours)} names",
+        "",
+        "GPU timeline of the profiled step, ms (starved: idle until the host's next launch):",
+        "",
+        "| | busy | idle | starved | span |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {name} | " + " | ".join(f"{g[k] / 1e3:.2f}" for k in timeline.SUMMARY) + " |"
+            for name, g in (("eager", eager_gaps), ("kernelized", ours_gaps))
+        ),
+        "",
+        "Python functions on a stack while the kernelized step's GPU starved (with stacks, "
+        "which slow the host; inclusive ms):",
+        "",
+        *(f"- {ms / 1e3:.2f} `{name}`" for name, ms in timeline.functions(ours_trace, top)),
         "",
         "| kernel | eager us | kernelized us | difference |",
         "|---|---|---|---|",
@@ -93,14 +123,17 @@ def main() -> None:
     parser.add_argument("--works", default="train")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", default=str(results_dir("models")))
+    parser.add_argument("--traces", default=None, help="keep the chrome traces here")
     args = parser.parse_args()
+    traces = Path(args.traces or tempfile.mkdtemp())
+    traces.mkdir(parents=True, exist_ok=True)
     wanted = [w for w in args.works.split(",") if w]
     lines = ["# Model step profiles, eager against kernelized", ""]
     lines += ["  ".join(f"{k}: {v}" for k, v in run_stamp().items()), ""]
     path = result_path(args.out, "model_profile", torch.cuda.get_device_name(), ".md")
     for work in works("cuda", tiny=False):
         if work.model in args.models.split(",") and any(w in work.work for w in wanted):
-            lines += report(work, "cuda", args.top)
+            lines += report(work, args.top, traces)
             path.write_text("\n".join(lines) + "\n")  # each work as it ends
             print(f"{work.model} {work.work}: done", flush=True)
 
