@@ -134,3 +134,51 @@ def test_gradients_the_mask_left_out_are_dropped(monkeypatch):
     stats = torch.zeros(16), torch.ones(16)
     grads = kernel.forward((dy,), (x, torch.ones(16), None, *stats))
     assert grads[0] is not None and grads[1] is not None and grads[2:] == (None, None, None)
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_the_native_backward_reads_the_stats_the_forward_kept(channels_last):
+    """On the CPU too: with the forward's (mean, invstd) as state, no statistics pass runs
+    (torch.batch_norm_stats has no CPU kernel) and the gradients are F.batch_norm's."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, 5, 5) * 2 + 0.5
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    w, b, dy = torch.rand(6) + 0.5, torch.randn(6), torch.randn(4, 6, 5, 5)
+    var, mean = torch.var_mean(x, (0, 2, 3), correction=0)
+    kernel = BatchNormBackwardNative(True, 1e-5, (True, True, True, False, False))
+    got = kernel.forward((dy,), (x, w, b, None, None), state=(mean, torch.rsqrt(var + 1e-5)))
+    leaves = [t.clone().requires_grad_() for t in (x, w, b)]
+    y = F.batch_norm(leaves[0], None, None, leaves[1], leaves[2], True, 0.1, 1e-5)
+    want = torch.autograd.grad(y, leaves, dy)
+    for g, expected in zip(got[:3], want, strict=True):
+        torch.testing.assert_close(g, expected, rtol=1e-4, atol=1e-4)
+    assert got[3:] == (None, None)
+
+
+@gpu
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+@pytest.mark.parametrize("shape", [(32, 64, 56, 56), (128, 512, 7, 7), (8, 16)], ids=str)
+def test_training_under_autocast_keeps_the_batch_stats_for_the_backward(
+    shape, channels_last, monkeypatch
+):
+    """ResNet's case (bfloat16 x, float32 params): whichever kernel ran the forward (TileLang,
+    or ATen's through the cuDNN key), the backward never passes over x for the statistics."""
+    torch.manual_seed(0)
+    x = torch.randn(shape, device="cuda").to(torch.bfloat16)
+    if channels_last and x.dim() == 4:
+        x = x.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
+    c = shape[1]
+    w, b = (torch.rand(c, device="cuda") + 0.5).requires_grad_(), torch.zeros(c, device="cuda")
+    stats = torch.zeros(c, device="cuda"), torch.ones(c, device="cuda")
+    y = BatchNormFwdOp(c)(x, w, b.requires_grad_(), *stats)
+    monkeypatch.setattr(torch, "batch_norm_stats", lambda *a: pytest.fail("stats recomputed"))
+    got = torch.autograd.grad(y.float().square().sum(), (x, w, b))
+    leaves = [t.detach().double().requires_grad_() for t in (x, w, b)]
+    want = torch.autograd.grad(
+        F.batch_norm(leaves[0], None, None, leaves[1], leaves[2], True).square().sum(), leaves
+    )
+    for name, g, expected in zip(("x", "weight", "bias"), got, want, strict=True):
+        err = (g.double() - expected).norm() / expected.norm().clamp_min(1e-12)
+        assert err < 3e-2, f"{name}: relative error {err:.2e}"

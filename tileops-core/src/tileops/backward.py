@@ -17,11 +17,16 @@ class, a subclass of `BackwardCall`, built from the concrete tensors. Under trac
 (torch.compile, export) the tensors may be symbolic: a differentiable kernel (the reference) is
 traced as the torch ops it runs, and any other goes into the graph as one opaque operator (see
 `library.backward_operator`) that selects with the real shapes when it runs.
+
+An op with `keeps_state` lets its forward kernels hand the backward what they computed on the way
+(BatchNorm's batch mean and inverse std): an eager autograd call collects it (`run_keeping_state`)
+and backward kernels that declare `takes_state` receive it instead of recomputing it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -68,10 +73,16 @@ class BackwardInterface(KernelInterface):
     `differentiable`: True when the gradients are built from differentiable torch ops on
     `grads` and `inputs` (so autograd can differentiate them again). Only such kernels serve
     calls with `create_graph`; the others refuse them, whatever their own `refusal` says.
+
+    `takes_state`: True when the kernel accepts `state=`, what the op's forward kernel kept
+    for the backward (ops with `keeps_state`; the op's docs say what it holds). It is passed
+    only where the forward kept some (an eager autograd call whose kernel returned it); the
+    kernel computes what it needs otherwise.
     """
 
     call_spec: ClassVar[type[BackwardCall]] = BackwardCall
     differentiable: ClassVar[bool] = False
+    takes_state: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -166,15 +177,16 @@ def backward_of(
     inputs: Tensors,
     needs: Sequence[bool],
     outputs: Tensors = (),
+    state: Tensors = (),
 ) -> Tensors:
     """The gradients of `op`'s inputs, from the kernel its "backward" interface selects; with
     grad mode on (the caller's create_graph), a kernel whose gradients are differentiable.
     `outputs`: what the forward saved of its outputs (ops with `saves_outputs`; None for an
-    output modified in place since)."""
+    output modified in place since). `state`: what its kernel kept (ops with `keeps_state`)."""
     grads, needs = tuple(grads), tuple(needs)
     if is_traced(grads, inputs):
         return _traced(op, grads, inputs, outputs, needs)
-    return run_backward(op, grads, inputs, outputs, needs, torch.is_grad_enabled())
+    return run_backward(op, grads, inputs, outputs, needs, torch.is_grad_enabled(), state)
 
 
 def run_backward(
@@ -184,13 +196,36 @@ def run_backward(
     outputs: Tensors,
     needs: tuple[bool, ...],
     create_graph: bool,
+    state: Tensors = (),
 ) -> Tensors:
     """Select on the concrete tensors and run: the eager path, and the backward operator's."""
     call = backward_call(op, grads, inputs, outputs, needs, create_graph)
     kernel = op.kernel_for("backward", call)
-    if type(op).saves_outputs:
-        return kernel(grads, inputs, outputs)
-    return kernel(grads, inputs)
+    args = (grads, inputs, outputs) if type(op).saves_outputs else (grads, inputs)
+    if state and getattr(kernel, "takes_state", False):
+        return kernel(*args, state=state)
+    return kernel(*args)
+
+
+_KEPT: ContextVar[tuple[Any, list] | None] = ContextVar("tileops_kept_state", default=None)
+
+
+def run_keeping_state(op: Op, run: Callable[[], Any]) -> tuple[Any, Tensors]:
+    """`run()`'s result and the state `op`'s forward kernel kept on the way (empty if none)."""
+    kept: list = []
+    token = _KEPT.set((op, kept))
+    try:
+        return run(), tuple(kept)
+    finally:
+        _KEPT.reset(token)
+
+
+def keep_state(op: Op, state: Sequence[torch.Tensor]) -> None:
+    """Hand `state` to the eager autograd call of `op` collecting it, if one is (an op another
+    op's kernel calls keeps its own state to itself)."""
+    collecting = _KEPT.get()
+    if collecting is not None and collecting[0] is op:
+        collecting[1].extend(state)
 
 
 def backward_call(

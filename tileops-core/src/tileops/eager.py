@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .autocast import castable
-from .backward import backward_of
+from .backward import backward_of, run_keeping_state
 from .errors import OpInputError, add_note
 from .op import Op
 from .scope import SCOPE, SCOPES
@@ -58,6 +58,7 @@ def remember_for_backward(ctx: Any, op: Op, tensors: tuple, outputs: tuple) -> N
         tensors = tuple(None if k in signature.written_at else t for k, t in enumerate(tensors))
     ctx.save_for_backward(*tensors)
     ctx.scope = SCOPE.get()
+    ctx.state = ()
     if type(op).saves_outputs:
         _keep_outputs(ctx, outputs)
 
@@ -65,7 +66,7 @@ def remember_for_backward(ctx: Any, op: Op, tensors: tuple, outputs: tuple) -> N
 def gradients(ctx: Any, op: Op, grads: tuple, needs: tuple[bool, ...]) -> Any:
     """The gradients `needs` asks for, from the op's backward interface, in the scope its
     forward ran in (pins and records reach it; autograd may run it on a thread of its own)."""
-    args = op, grads, tuple(ctx.saved_tensors), needs, _kept_outputs(ctx)
+    args = op, grads, tuple(ctx.saved_tensors), needs, _kept_outputs(ctx), ctx.state
     if ctx.scope is None:  # no pin, record or simulation around the forward: nothing to resume
         return backward_of(*args)
     with SCOPES.resume(ctx.scope):
@@ -159,12 +160,15 @@ class _EagerOp(torch.autograd.Function):
         # below ADInplaceOrView, as an operator's kernel runs: an output that views a buffer of
         # the kernel's own is no view to autograd, so a caller may modify it in place
         with torch._C._AutoDispatchBelowADInplaceOrView():
-            out = op._execute(call)
+            if type(op).keeps_state:
+                out, state = run_keeping_state(op, lambda: op._execute(call))
+            else:
+                out, state = op._execute(call), ()
         for k in op.signature.written_at:  # once, as an operator that writes it bumps it
             if tensors[k] is not None:
                 torch.autograd.graph.increment_version(tensors[k])
         remember_for_backward(ctx, op, tensors, out if isinstance(out, tuple) else (out,))
-        ctx.op = op
+        ctx.op, ctx.state = op, state
         return out
 
     @staticmethod

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import torch
 
 from .autocast import agreeing, autocast_policy
+from .backward import keep_state
 from .callspec import _STATED, CallSpec, check_fields
 from .errors import BackendError, CallSpecFieldError, OpInputError, add_note
 from .explanation import Explanation
@@ -47,6 +48,10 @@ class Op:
     saves_outputs: ClassVar[bool] = False
     """True: autograd keeps the op's outputs for its backward kernels (softmax's y), which
     then take them as a third argument; False: only the inputs are kept."""
+    keeps_state: ClassVar[bool] = False
+    """True: a forward kernel may return `(out, *state)`, what it computed on the way that the
+    backward kernels can use instead of recomputing it (BatchNorm's batch mean and inverse
+    std); `state_problem` checks it, and backward kernels with `takes_state` receive it."""
     _through_operator: ClassVar[Callable[..., Any]]
     """`op._through_operator(tensors)` calls the op through its torch.library operator (what
     tracing sees: torch.compile, torch.export); library.py installs it."""
@@ -156,6 +161,9 @@ class Op:
         except Exception as exc:
             add_note(exc, f"raised by {self._table.serving(interface, call)}")
             raise
+        if type(out) is tuple and self.keeps_state:
+            out, *state = out
+            self._keep_state(interface, call, state)
         if (
             isinstance(out, torch.Tensor)
             and out.shape == shape
@@ -165,6 +173,21 @@ class Op:
         ):
             return out
         raise self._broken_output(interface, call, out, shape, dtype)
+
+    def _keep_state(self, interface: str, call: CallSpec, state: list) -> None:
+        problem = self.state_problem(call, state)
+        if problem is not None:
+            raise BackendError(
+                f"State kept by {self._table.serving(interface, call)} is wrong: {problem}. Fix "
+                "the kernel, or return the output alone.",
+                **self._table.serving_fields(interface, call),
+            )
+        keep_state(self, state)
+
+    def state_problem(self, call: CallSpec, state: list[Any]) -> str | None:
+        """What is wrong with the state a forward kernel kept for `call`, or None (ops with
+        `keeps_state` say what it must be)."""
+        return f"{type(self).op_name} keeps no state"
 
     def _broken_output(
         self, interface: str, call: CallSpec, out: Any, shape: torch.Size, dtype: torch.dtype

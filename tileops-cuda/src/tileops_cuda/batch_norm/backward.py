@@ -31,6 +31,7 @@ class BatchNormBackwardNative(Kernel, BackwardInterface):
     """dx, dweight and dbias of `BatchNormFwdOp` from ATen's native batch-norm backward."""
 
     supported_archs = AMPERE_AND_LATER
+    takes_state = True
 
     @classmethod
     def refusal(cls, call: BackwardCall) -> str | None:
@@ -52,10 +53,10 @@ class BatchNormBackwardNative(Kernel, BackwardInterface):
         self.training, self.eps = training, eps
         self.mask = list(needs[:3])
 
-    def forward(self, grads: Tensors, inputs: Tensors) -> Tensors:
+    def forward(self, grads: Tensors, inputs: Tensors, state: Tensors = ()) -> Tensors:
         (dy,), (x, weight, bias, running_mean, running_var) = grads, inputs
-        if self.training:
-            stats = (None, None, *torch.batch_norm_stats(x, self.eps))
+        if self.training:  # the forward's (mean, invstd), else one pass over x for them
+            stats = (None, None, *(state or torch.batch_norm_stats(x, self.eps)))
         else:  # empty saved stats: the native kernel reads the running ones
             unset = x.new_empty(0, dtype=torch.float32)
             stats = (running_mean, running_var, unset, unset)

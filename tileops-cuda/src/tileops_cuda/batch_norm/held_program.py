@@ -40,7 +40,7 @@ def held_channel_body(shape: Shape, batch: int, plan: RowPlan, ticketed: bool = 
     write_channel = _write_channel(shape, batch, plan)
 
     @T.macro
-    def body(X, W, Bias, RM, RV, P, S, Q, Y):
+    def body(X, W, Bias, RM, RV, P, S, Q, Y, M):
         with launch(plan, shape.channels) as block:
             T.annotate_min_blocks_per_sm(plan.blocks_per_sm)
             lane = T.get_thread_binding()
@@ -87,7 +87,7 @@ def held_channel_body(shape: Shape, batch: int, plan: RowPlan, ticketed: bool = 
                 tiles.share_partials(S, c, part, part_total, part_m2)
                 mean = tiles.merged_mean(S, c, cluster, count)
                 var = tiles.merged_var(S, c, cluster, count, mean, part_values)
-            write_channel(X, W, Bias, RM, RV, Y, store, t, mean, var, c, part, lane)
+            write_channel(X, W, Bias, RM, RV, M, Y, store, t, mean, var, c, part, lane)
 
     return body
 
@@ -106,7 +106,7 @@ def _write_channel(shape: Shape, batch: int, plan: RowPlan):
     count = float(batch * shape.spatial)
 
     @tiles.macro("mean", "var")
-    def write_channel(X, W, Bias, RM, RV, Y, store, t, mean, var, c, part, lane):
+    def write_channel(X, W, Bias, RM, RV, M, Y, store, t, mean, var, c, part, lane):
         scale = T.rsqrt(var + shape.eps)
         if shape.weight:
             scale = scale * f32(W[c])
@@ -123,6 +123,6 @@ def _write_channel(shape: Shape, batch: int, plan: RowPlan):
                     else:
                         Y[b, c, s + v] = (t[v] - mean) * scale
         if lane == 0 and part == 0:
-            update_stats(RM, RV, c, mean, var, count)
+            update_stats(RM, RV, M, c, mean, var, count)
 
     return write_channel

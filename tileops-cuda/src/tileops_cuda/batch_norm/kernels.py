@@ -74,11 +74,31 @@ from .streamed_program import finish_program, partials_program
 
 
 class _Train(_BatchNorm, BatchNormTrainInterface):
+    """A training layout: y, and the batch mean and invstd kept for the backward."""
+
     layout: ClassVar[str]
 
     @classmethod
     def programs(cls, call: BatchNormCall) -> list[tuple[int, Any]]:
         return [(0, lambda: train_program(cls.layout, call, cls.layout_fields(call)))]
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        running_mean: torch.Tensor | None,
+        running_var: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, ...]:
+        x = aligned(x)
+        y, kept = torch.empty_like(x), self.kept(x)
+        params = self.per_channel(x, weight, bias, running_mean, running_var)
+        self.launches[0](x, *params, *self.workspace(x), y, kept)
+        return y, *kept
+
+    def kept(self, x: torch.Tensor) -> torch.Tensor:
+        """Where the program writes the batch mean (row 0) and invstd (row 1)."""
+        return torch.empty((2, self.channels), dtype=torch.float32, device=x.device)
 
 
 # -- training: declarations ------------------------------------------------------------------
@@ -279,10 +299,10 @@ class BatchNormSplitChannel(_Train):
             (self.channels, splits, PARTIAL_FIELDS), dtype=torch.float32, device=x.device
         )
         self.launches[0](x, partials)
-        y = torch.empty_like(x)
+        y, kept = torch.empty_like(x), self.kept(x)
         params = self.per_channel(x, weight, bias, running_mean, running_var)
-        self.launches[1](x, *params, partials, y)
-        return y
+        self.launches[1](x, *params, partials, y, kept)
+        return y, *kept
 
 
 class BatchNormTiled(_Train):

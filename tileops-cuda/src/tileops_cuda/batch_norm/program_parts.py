@@ -46,28 +46,36 @@ def bn_prim_func(
     batch: Any = None,
     channel_tensors: tuple[str, ...] = CHANNEL_TENSORS,
     output: bool = True,
+    kept: bool = True,
     **scratch: tuple,
 ) -> Any:
-    """The prim_func of body(X, W, Bias, RM, RV, P, S, Q, Y) over the (batch, C, S) layout and
-    the tensors named here (the others None): X, `channel_tensors` (every training and inference
-    program takes all four, a placeholder standing in for an absent one), the `scratch` tensors
-    (float32, the counters Q int32) and, with `output`, Y."""
+    """The prim_func of body(X, W, Bias, RM, RV, P, S, Q, Y, M) over the (batch, C, S) layout
+    and the tensors named here (the others None): X, `channel_tensors` (every training and
+    inference program takes all four, a placeholder standing in for an absent one), the
+    `scratch` tensors (float32, the counters Q int32), with `output` Y, and with `output` and
+    `kept` M, the float32 (2, C) batch mean and invstd a training program keeps for the
+    backward."""
     from .._common import tiles
 
-    def main(X, W=None, Bias=None, RM=None, RV=None, P=None, S=None, Q=None, Y=None):
-        body(X, W, Bias, RM, RV, P, S, Q, Y)
+    def main(X, W=None, Bias=None, RM=None, RV=None, P=None, S=None, Q=None, Y=None, M=None):
+        body(X, W, Bias, RM, RV, P, S, Q, Y, M)
 
     x = shape.x_shape(batch)
     per_channel = dict.fromkeys(channel_tensors, (shape.channels,))
     dtypes = dict.fromkeys(per_channel, shape.pdtype)
     dtypes.update({name: "int32" if name == "Q" else "float32" for name in scratch})
-    tensors = {"X": x, **per_channel, **scratch, **({"Y": x} if output else {})}
+    tensors = {"X": x, **per_channel, **scratch}
+    if output:
+        tensors["Y"] = x
+        if kept:
+            tensors["M"], dtypes["M"] = (2, shape.channels), "float32"
     return tiles.prim_func(main, shape.dtype, dtypes, **tensors)
 
 
 def epilogue(shape: Shape):
-    """Macros shared by the training layouts: the output of one vector and the running-stat
-    update (unbiased variance, momentum blend, in float32, stored in the stats' dtype)."""
+    """Macros shared by the training layouts: the output of one vector, and the channel's
+    statistics: the batch mean and invstd kept in M, the running-stat update (unbiased
+    variance, momentum blend, in float32, stored in the stats' dtype)."""
     import tilelang.language as T
 
     momentum = shape.momentum
@@ -82,7 +90,9 @@ def epilogue(shape: Shape):
                 Y[b, c, s + v] = (f32(X[b, c, s + v]) - mean) * scale
 
     @T.macro
-    def update_stats(RM, RV, c, mean, var, count):
+    def update_stats(RM, RV, M, c, mean, var, count):
+        M[0, c] = mean
+        M[1, c] = T.rsqrt(var + shape.eps)
         if shape.stats:
             unbiased = var * count / T.max(count - 1.0, 1.0)
             RM[c] = (1.0 - momentum) * f32(RM[c]) + momentum * mean

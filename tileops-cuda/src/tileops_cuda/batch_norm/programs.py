@@ -42,7 +42,7 @@ def thread_channel_body(shape: Shape) -> Any:
     threads, spatial, batch = THREAD_CHANNEL_THREADS, shape.spatial, shape.batch
 
     @T.macro
-    def body(X, W, Bias, RM, RV, P, S, Q, Y):
+    def body(X, W, Bias, RM, RV, P, S, Q, Y, M):
         with T.Kernel(T.ceildiv(shape.channels, threads), threads=threads) as bx:
             c = bx * threads + T.get_thread_binding()
             count = T.Cast("float32", batch * spatial)
@@ -61,7 +61,7 @@ def thread_channel_body(shape: Shape) -> Any:
                 for b in T.serial(batch):
                     for r in T.unroll(shape.runs):
                         normalized(X, W, Bias, Y, b, c, r * shape.vec, mean, rstd)
-                update_stats(RM, RV, c, mean, var, count)
+                update_stats(RM, RV, M, c, mean, var, count)
 
     return body
 
@@ -77,7 +77,7 @@ def infer_program(call: BatchNormCall) -> Any:
     step = threads * INFER_VECTORS
 
     @T.macro
-    def body(X, W, Bias, RM, RV, P, S, Q, Y):
+    def body(X, W, Bias, RM, RV, P, S, Q, Y, M):
         with T.Kernel(T.ceildiv(vectors, step), threads=threads) as bx:
             lane = T.get_thread_binding()
             for k in T.unroll(INFER_VECTORS):
@@ -94,4 +94,4 @@ def infer_program(call: BatchNormCall) -> Any:
                         else:
                             Y[b, c, s + v] = (f32(X[b, c, s + v]) - f32(RM[c])) * scale
 
-    return bn_prim_func(body, shape)
+    return bn_prim_func(body, shape, kept=False)

@@ -89,7 +89,7 @@ def tiled_body(shape: Shape) -> Any:
     vectors = shape.batch * runs
 
     @T.macro
-    def body(X, W, Bias, RM, RV, P, S, Q, Y):
+    def body(X, W, Bias, RM, RV, P, S, Q, Y, M):
         with T.Kernel(shape.channels, threads=threads) as c:
             lane = T.get_thread_binding()
             acc = T.alloc_local((SUM_FIELDS,), "float32")
@@ -109,7 +109,7 @@ def tiled_body(shape: Shape) -> Any:
                 if j < vectors:
                     normalized(X, W, Bias, Y, j // runs, c, (j % runs) * vec, st[1], rstd)
             if lane == 0:
-                update_stats(RM, RV, c, st[1], var, st[0])
+                update_stats(RM, RV, M, c, st[1], var, st[0])
 
     return body
 
@@ -126,7 +126,7 @@ def partials_program(call: BatchNormCall, chunk: int) -> Any:
     splits = T.dynamic("splits")
 
     @T.macro
-    def body(X, W, Bias, RM, RV, P, S, Q, Y):
+    def body(X, W, Bias, RM, RV, P, S, Q, Y, M):
         with T.Kernel(splits, shape.channels, threads=threads) as (split, c):
             lane = T.get_thread_binding()
             acc = T.alloc_local((SUM_FIELDS,), "float32")
@@ -162,7 +162,7 @@ def finish_program(call: BatchNormCall, chunk: int) -> Any:
     splits = T.dynamic("splits")
 
     @T.macro
-    def body(X, W, Bias, RM, RV, P, S, Q, Y):
+    def body(X, W, Bias, RM, RV, P, S, Q, Y, M):
         with T.Kernel(splits, shape.channels, threads=threads) as (bx, by):
             split, c = splits - 1 - bx, shape.channels - 1 - by
             lane = T.get_thread_binding()
@@ -182,6 +182,6 @@ def finish_program(call: BatchNormCall, chunk: int) -> Any:
                 if j < vectors:
                     normalized(X, W, Bias, Y, j // runs, c, (j % runs) * vec, st[1], rstd)
             if split == 0 and lane == 0:
-                update_stats(RM, RV, c, st[1], var, st[0])
+                update_stats(RM, RV, M, c, st[1], var, st[0])
 
     return bn_prim_func(body, shape, P=(shape.channels, splits, PARTIAL_FIELDS))

@@ -1,6 +1,7 @@
 """cuDNN BatchNorm as BatchNormFwdOp kernels ("cudnn" for training, "cudnn_infer"): torch's
 F.batch_norm on CUDA, which runs cuDNN (or torch's own CUDA kernels where cuDNN does not take
-the call), reading channels_last x where it lies.
+the call), reading channels_last x where it lies. Training keeps the batch's mean and invstd
+for the backward where torch's own kernels ran (they return them).
 
 Each is preferred over the TileLang keys of its interface and steps aside only inside
 `TRAIN_FASTER` / `INFER_FASTER`, where the TileLang kernels measured faster on the H200
@@ -40,6 +41,7 @@ TRAIN_KEYS = (
 INFER_KEYS = ("tilelang_bn_infer",)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _cudnn_enabled = torch._C._get_cudnn_enabled
+_ATEN = 0  # torch._batch_norm_impl_index's answer when ATen's native kernels ran
 SOURCE = "benchmarks/results/batch_norm/batchnorm_gemm_nvidia_h200.md"
 
 
@@ -114,14 +116,18 @@ class _Cudnn(Kernel):
         bias: torch.Tensor | None,
         running_mean: torch.Tensor | None,
         running_var: torch.Tensor | None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         x = x.transpose(1, 2).unsqueeze(-1) if self.last else x
         stats = running_mean, running_var
-        # F.batch_norm's own function, without its Python checks (the op's ran already)
-        y = torch.batch_norm(
+        # what torch.batch_norm runs, without F.batch_norm's Python checks (the op's ran
+        # already); ATen's own kernels (impl 0, not cuDNN's) return the batch's mean and invstd
+        y, mean, invstd, _, impl = torch._batch_norm_impl_index(
             x, weight, bias, *stats, self.training, self.momentum, self.eps, _cudnn_enabled()
         )
-        return y.squeeze(-1).transpose(1, 2).contiguous() if self.last else y
+        y = y.squeeze(-1).transpose(1, 2).contiguous() if self.last else y
+        if self.training and impl == _ATEN and mean.dtype == torch.float32:
+            return y, mean, invstd
+        return y
 
 
 class CudnnBatchNormTrain(_Cudnn, BatchNormTrainInterface):

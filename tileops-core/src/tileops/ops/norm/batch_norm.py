@@ -24,7 +24,9 @@ from .._common import (
     ReferenceKernel,
     bool_param,
     contiguous,
+    describe,
     eps_param,
+    fits,
     float32,
     fraction_param,
     like,
@@ -112,6 +114,10 @@ class BatchNormTrainInterface(_BatchNormContract):
     spatial. When running stats are given (both or neither; then batch * spatial >= 2), update
     them in place: `stat = (1 - momentum) * stat + momentum * batch_stat`, with the unbiased
     var. They are the caller's own tensors: write into them, do not replace them.
+
+    A kernel may return `(y, mean, invstd)`: the batch mean and `1 / sqrt(var + eps)` per
+    channel, contiguous float32 (channels,) tensors, which the backward then reads instead of
+    passing over x again (the op's `keeps_state`).
 
     Layout contract: that of every BatchNorm interface, x as contiguous (batch, channels,
     spatial), per-channel tensors as contiguous (channels,) of `param_dtype` (x's, or float32
@@ -292,6 +298,7 @@ class BatchNormFwdOp(Op):
         "reference_backward": RecomputeBackward,
     }
     signature = _TRAIN  # the instance's own follows `training`
+    keeps_state = True  # a training kernel may keep the batch's mean and invstd
 
     def __init__(
         self,
@@ -327,6 +334,16 @@ class BatchNormFwdOp(Op):
                 f"{op}(): argument 'x' of shape {list(x.shape)} has one value per channel; "
                 "expected more than 1 value per channel when training (as F.batch_norm)"
             )
+
+    def state_problem(self, call: CallSpec, state: list[Any]) -> str | None:
+        """A training kernel's kept state: the batch mean and invstd, float32 (channels,)."""
+        want = (call.channels,), torch.float32, call.device
+        if self.training and len(state) == 2 and all(fits(t, *want) for t in state):
+            return None
+        return (
+            f"it kept ({', '.join(describe(t) for t in state)}), expected (mean, invstd), each a "
+            f"contiguous float32 tensor of shape {[call.channels]} on {call.device}, in training"
+        )
 
     def _check_missing_stats(self, op: str, *stats: Tensor | None) -> None:
         missing = [name for name, t in zip(STATS, stats, strict=True) if t is None]
