@@ -245,8 +245,23 @@ class Op:
         ):
             return self._autograd_eagerly(call)
         if self._settled is BUILTIN and not self._checks and not call.written_empty:
-            return self.forward(*call.tensors)  # the common case, one call shorter
+            held = call.lane[0]  # the common case: the lane, else forward and make the lane
+            if held is not None and held[0] is self._hits and held[1] is not None:
+                return held[1](*call.tensors)
+            out = self.forward(*call.tensors)
+            hits = self._hits  # a plain cache: no pin, record or simulation is active
+            if type(hits) is dict and (held is None or held[0] is not hits):
+                call.lane[0] = (hits, self.lane_for(call))
+            return out
         return self._execute(call)
+
+    def lane_for(self, call: BoundCall) -> Callable[..., Any] | None:
+        """A shortcut for the calls of `call`'s input layout, made after one ran `forward`
+        (its output checked): the kernel that served it, called as `forward` would call it,
+        without selecting or checking again. Lanes are made and taken only while the op reads
+        its plain hit cache (no pin, record or simulation active anywhere), whose selections
+        they repeat; None: every call runs `forward`."""
+        return None
 
     def call_eager(self, tensors: tuple[torch.Tensor | None, ...]) -> Any:
         """Run the op on `tensors` (signature order) through the dispatcher itself: what the

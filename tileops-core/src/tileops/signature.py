@@ -106,13 +106,15 @@ _new_bound_call = tuple.__new__  # skips the named tuple's Python-level __new__ 
 class BoundCall(NamedTuple):
     """One call after parsing and checking: inputs in signature order, the call device, the
     sizes the shape patterns bound, and whether every tensor the call writes is empty.
-    A named tuple: one is made on every op call."""
+    A named tuple: one is made on every op call. `lane`: a one-item list every call of this
+    input layout shares, where the op keeps its lane for them (`Op.lane_for`)."""
 
     tensors: tuple[torch.Tensor | None, ...]
     device: torch.device
     sizes: dict[str, int]
     written_empty: bool
     requires_grad: bool  # some input requires grad (whether grad mode is on is asked apart)
+    lane: list
 
 
 class Signature:
@@ -210,7 +212,7 @@ class Signature:
         self._check_same_dtype(op, values)
         sizes = self._check_shapes(op, values, plan)
         requires_grad = any(v is not None and v.requires_grad for v in values)
-        verdict = (device, sizes, self._all_written_empty(values, sizes), requires_grad)
+        verdict = (device, sizes, self._all_written_empty(values, sizes), requires_grad, [None])
         if key is not None:
             plan.remember(key, verdict)
         return BoundCall(values, *verdict)

@@ -3,7 +3,7 @@ or transposed (cuBLAS's and upstream TileOPs' `trans_a` / `trans_b` layouts)."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -13,7 +13,7 @@ from ...backward import BackwardCall, BackwardInterface, Tensors
 from ...callspec import CallSpec
 from ...kernel import Build, Kernel, KernelInterface
 from ...op import Op
-from ...signature import Input, Output, Signature
+from ...signature import BoundCall, Input, Output, Signature
 from .._common import ReferenceKernel, bool_param, sample_case
 
 if TYPE_CHECKING:
@@ -206,6 +206,28 @@ class GemmOp(Op):
             has_bias=bias is not None,
         )  # fmt: skip
         return self.call_kernel("gemm", call, (m, n), a.dtype, a, b, bias)
+
+    def lane_for(self, call: BoundCall) -> Callable[..., torch.Tensor] | None:
+        """Contiguous operands in the declared layout, as `forward` hands them over; calls
+        with other strides take `forward`."""
+        a, b, *rest = call.tensors
+        if not (a.is_contiguous() and b.is_contiguous()):
+            return None
+        (m, k), n = (a.shape[::-1] if self.trans_a else a.shape), b.shape[0 if self.trans_b else 1]
+        spec = GemmCall(
+            device=a.device, m=m, n=n, k=k, dtype=a.dtype, trans_a=self.trans_a,
+            trans_b=self.trans_b, has_bias=bool(rest) and rest[0] is not None,
+        )  # fmt: skip
+        kernel, forward = self._hits.get(("gemm", spec)), self.forward
+        if kernel is None:
+            return None
+
+        def lane(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> Any:
+            if not (a.is_contiguous() and b.is_contiguous()):
+                return forward(a, b, bias)
+            return kernel(a, b, None if bias is None else bias.contiguous())
+
+        return lane
 
     def reference_forward(
         self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None

@@ -7,12 +7,13 @@ weight/bias over as contiguous (n,) vectors, and restore the caller's shape on t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
 
 from ...callspec import CallSpec
-from ...signature import BATCH, WIDENED, Input, Output, Signature
+from ...signature import BATCH, WIDENED, BoundCall, Input, Output, Signature
 from .._common import as_rows, as_vector, like, param_dtype, shape_param
 
 
@@ -72,3 +73,19 @@ class RowNorm:
             self.interface_name, call, rows.shape, x.dtype, rows, *[as_vector(t, n) for t in affine]
         )
         return y if rows is x else like(y, x)  # y has rows' shape: call_kernel checked it
+
+    def lane_for(self, call: BoundCall) -> Callable[..., torch.Tensor] | None:
+        x, *affine = call.tensors
+        key = (x.dtype, x.device, *[None if t is None else t.dtype for t in affine])
+        spec = self._calls.get(key)
+        kernel = None if spec is None else self._hits.get((self.interface_name, spec))
+        if kernel is None:
+            return None
+        n = self._n
+
+        def lane(x: torch.Tensor, *affine: torch.Tensor | None) -> torch.Tensor:
+            rows = as_rows(x, n)
+            y = kernel(rows, *[as_vector(t, n) for t in affine])
+            return y if rows is x else like(y, x)
+
+        return lane

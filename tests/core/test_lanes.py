@@ -1,0 +1,109 @@
+"""Lanes (`Op.lane_for`): once a call of an input layout ran `forward` on the op's settled
+kernels (its second call: the first settles the target), later plain calls of that layout run
+its kernel directly; pins, records and other layouts still take `forward`."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tileops
+from tileops.backend import register_kernel_type
+from tileops.kernel import Kernel
+from tileops.ops import GemmInterface, GemmOp, RMSNormFwdOp
+
+
+def _refusing_forward(monkeypatch, op_cls: type) -> list:
+    """From now on `op_cls.forward` records each call (and still runs)."""
+    calls, forward = [], op_cls.forward
+
+    def counted(self, *args):
+        calls.append(args)
+        return forward(self, *args)
+
+    monkeypatch.setattr(op_cls, "forward", counted)
+    return calls
+
+
+def test_the_second_call_of_a_layout_runs_its_kernel_without_forward(monkeypatch):
+    op, x, w = RMSNormFwdOp(8), torch.randn(3, 4, 8), torch.randn(8)
+    first = op(x, w), op(x, w)
+    calls = _refusing_forward(monkeypatch, RMSNormFwdOp)
+    y = torch.randn(3, 4, 8)
+    torch.testing.assert_close(op(y, w), torch.rms_norm(y, (8,), w))
+    assert calls == [] and first[1].shape == (3, 4, 8)
+    op(torch.randn(5, 8), w)  # another layout: forward once, then its own lane
+    op(torch.randn(5, 8), w)
+    assert len(calls) == 1
+
+
+class Doubling(Kernel, GemmInterface):
+    """A CPU GEMM kernel (preferred over the reference) returning 2ab, which checks that it
+    gets the layout the interface promises."""
+
+    devices = {"cpu"}
+    served: list = []
+
+    @classmethod
+    def entry_for(cls, call):
+        layout = call.trans_a, call.trans_b
+        return layout, lambda: cls(*layout)
+
+    def __init__(self, trans_a, trans_b):
+        self.trans_a, self.trans_b = trans_a, trans_b
+
+    def forward(self, a, b, bias):
+        assert a.is_contiguous() and b.is_contiguous(), "the interface promises contiguous"
+        Doubling.served.append(a.shape)
+        return 2 * ((a.t() if self.trans_a else a) @ (b.t() if self.trans_b else b))
+
+
+@pytest.fixture
+def doubling(isolated):
+    register_kernel_type(GemmOp, "doubling", Doubling)
+    Doubling.served = []
+
+
+def test_a_record_or_a_pin_sees_every_call_a_lane_would_have_served(doubling, monkeypatch):
+    op, a, b = GemmOp(), torch.randn(2, 3), torch.randn(3, 4)
+    op(a, b), op(a, b)
+    calls = _refusing_forward(monkeypatch, GemmOp)
+    with tileops.pinned(GemmOp, "gemm", "reference"):
+        torch.testing.assert_close(op(a, b), a @ b)
+    with tileops.record() as record:
+        op(a, b)
+    assert len(calls) == 2 and sum(record.counts.values()) == 1 and len(Doubling.served) == 3
+    torch.testing.assert_close(op(a, b), 2 * (a @ b))  # no scope left: the lane again
+    assert len(calls) == 2 and len(Doubling.served) == 4
+
+
+def test_a_gemm_lane_hands_strided_operands_to_forward(doubling):
+    op, a, b = GemmOp(), torch.randn(4, 6), torch.randn(6, 5)
+    op(a, b), op(a, b)
+    strided = torch.randn(6, 4).t()  # a's shape, not contiguous: forward reads it transposed
+    torch.testing.assert_close(op(strided, b), 2 * (strided @ b))
+    torch.testing.assert_close(op(a, b), 2 * (a @ b))
+
+
+def test_flipping_determinism_leaves_the_lane_until_forward_ran_again(monkeypatch):
+    op, x = RMSNormFwdOp(8), torch.randn(2, 8)
+    op(x, None), op(x, None)
+    calls = _refusing_forward(monkeypatch, RMSNormFwdOp)
+    before = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(not before)  # re-points the op's hit cache
+        op(x, None)
+        op(x, None)
+    finally:
+        torch.use_deterministic_algorithms(before)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("requires_grad", [True, False])
+def test_a_call_that_needs_a_gradient_never_takes_a_lane(monkeypatch, requires_grad):
+    op, w = RMSNormFwdOp(8), torch.randn(8)
+    for _ in range(2):
+        op(torch.randn(2, 8, requires_grad=requires_grad), w)
+    calls = _refusing_forward(monkeypatch, RMSNormFwdOp)
+    y = op(torch.randn(2, 8, requires_grad=requires_grad), w)
+    assert len(calls) == requires_grad and (y.grad_fn is not None) == requires_grad
