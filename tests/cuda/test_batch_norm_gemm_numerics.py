@@ -67,10 +67,15 @@ def _clone(args):
 
 def _check_train(kernel, args, dtype, tolerance=None) -> None:
     ours, theirs = _clone(args), _clone(args)
-    got = kernel(*ours)
+    got, *kept = kernel(*ours)  # y, and the batch mean and invstd kept for the backward
     want = BatchNormTrainReference(1e-5, 0.1, False)(*theirs)
     assert got.shape == args[0].shape and got.dtype == args[0].dtype and got.is_contiguous()
     assert _rel_err(got, want) < (tolerance or TOLERANCE[dtype])
+    x = args[0].double()
+    var, mean = torch.var_mean(x, (0, 2), correction=0)
+    for name, k, w in zip(("mean", "invstd"), kept, (mean, torch.rsqrt(var + 1e-5)), strict=True):
+        assert k.dtype == torch.float32 and k.shape == (x.shape[1],), name
+        assert (k.double() - w).abs().max() <= (tolerance or 1e-5) * w.abs().max() + 1e-6, name
     for a, b in zip(ours[3:], theirs[3:], strict=True):
         if a is not None:
             assert _rel_err(a, b) < TOLERANCE[a.dtype]

@@ -90,6 +90,11 @@ def test_cudnn_batch_norm_matches_float64(shape, dtype, pdtype, channels_last, t
     stats = rm.double(), rv.double()
     want = F.batch_norm(x.double(), *stats, w.double(), b.double(), training, 0.1, 1e-5)
     got = kernel(x3.contiguous(), w, b, rm, rv)
+    if isinstance(got, tuple):  # ATen's kernels ran: the batch mean and invstd kept too
+        got, *kept = got
+        var, mean = torch.var_mean(x.double(), (0, 2, 3), correction=0)
+        assert training and rel_err(kept[0], mean) < 1e-5
+        assert rel_err(kept[1], torch.rsqrt(var + 1e-5)) < 1e-5
     if channels_last:
         got = got.view(batch, *shape[2:], channels).movedim(-1, 1)
     else:
