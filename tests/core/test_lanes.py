@@ -107,3 +107,16 @@ def test_a_call_that_needs_a_gradient_never_takes_a_lane(monkeypatch, requires_g
     calls = _refusing_forward(monkeypatch, RMSNormFwdOp)
     y = op(torch.randn(2, 8, requires_grad=requires_grad), w)
     assert len(calls) == requires_grad and (y.grad_fn is not None) == requires_grad
+
+
+def test_a_backward_call_spec_is_built_once_per_combination_of_its_facts():
+    from tileops.backward import backward_call
+
+    op, x, w, dy = RMSNormFwdOp(8), torch.randn(2, 8), torch.randn(8), torch.randn(2, 8)
+    first = backward_call(op, (dy,), (x, w), (), (True, True), False)
+    again = backward_call(op, (dy,), (torch.randn(2, 8), w), (), (True, True), False)
+    assert again is first and first.n == 8 and first.needs == (True, True)
+    other = backward_call(op, (dy,), (x, w), (), (True, False), False)
+    assert other is not first and other.needs == (True, False)
+    strided = backward_call(op, (dy,), (torch.randn(8, 2).t(), w), (), (True, True), False)
+    assert strided is not first and not strided.contiguous and first.contiguous

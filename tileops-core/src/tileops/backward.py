@@ -237,20 +237,32 @@ def backward_call(
     create_graph: bool,
 ) -> BackwardCall:
     """The call spec of one backward: `BackwardCall`'s fields, and the op's own facts (its
-    `backward_facts`) in the op's spec class. Under tracing a fact may be a SymInt."""
-    common = {
-        "device": next(t.device for t in inputs if t is not None),
-        "op": type(op).op_name,
-        "params": tuple(op.params().items()),
-        "dtypes": tuple(None if t is None else t.dtype for t in inputs),
-        "needs": needs,
-        "create_graph": create_graph,
-    }
+    `backward_facts`) in the op's spec class, built once per op instance and combination of
+    them. Under tracing a fact may be a SymInt (built each time: it keys no cache)."""
+    device = next(t.device for t in inputs if t is not None)
+    dtypes = tuple(None if t is None else t.dtype for t in inputs)
     own = op.backward_facts(grads, inputs, outputs)
-    if own is None:
-        return BackwardCall(**common)
-    spec, facts = own
-    return spec(**common, **facts)
+    key = (device, dtypes, needs, create_graph, None if own is None else tuple(own[1].items()))
+    calls = op.__dict__.setdefault("_backward_calls", {})
+    try:
+        call = calls.get(key)
+    except TypeError:  # a symbolic fact
+        key = call = None
+    if call is None:
+        common = {
+            "device": device,
+            "op": type(op).op_name,
+            "params": tuple(op.params().items()),
+            "dtypes": dtypes,
+            "needs": needs,
+            "create_graph": create_graph,
+        }
+        call = BackwardCall(**common) if own is None else own[0](**common, **own[1])
+        if key is not None:
+            if len(calls) >= 64:  # bounded: ever-new row lengths
+                calls.clear()
+            calls[key] = call
+    return call
 
 
 def is_traced(*groups: Sequence[torch.Tensor | None]) -> bool:

@@ -321,6 +321,7 @@ class BatchNormFwdOp(Op):
             )
         self.signature = _TRAIN if training else _INFER
         self._interface = "batch_norm_fwd_train" if training else "batch_norm_fwd_infer"
+        self._calls: dict[tuple, BatchNormCall] = {}
         super().__init__(target=target)
 
     def check(self, call: BoundCall) -> None:
@@ -373,20 +374,27 @@ class BatchNormFwdOp(Op):
         if batch * spatial == 0:  # nothing to normalize: torch leaves the running stats alone
             return torch.empty_like(x)  # x's strides, as F.batch_norm's empty output
         last = _memory_format(x) is not torch.contiguous_format
-        call = BatchNormCall(
-            device=x.device,
-            batch=batch,
-            channels=channels,
-            spatial=spatial,
-            eps=self.eps,
-            momentum=self.momentum,
-            dtype=x.dtype,
-            has_weight=weight is not None,
-            has_bias=bias is not None,
-            has_running_stats=running_mean is not None,
-            param_dtype=param_dtype(weight, bias, running_mean, running_var),
-            channels_last=last,
-        )
+        per_channel = weight, bias, running_mean, running_var
+        dtypes = [t if t is None else t.dtype for t in per_channel]
+        key = (x.shape, x.dtype, x.device, last, *dtypes)
+        call = self._calls.get(key)  # a layer's calls repeat: build its call spec once
+        if call is None:
+            if len(self._calls) >= 64:  # bounded: a layer called with ever-new shapes
+                self._calls.clear()
+            call = self._calls[key] = BatchNormCall(
+                device=x.device,
+                batch=batch,
+                channels=channels,
+                spatial=spatial,
+                eps=self.eps,
+                momentum=self.momentum,
+                dtype=x.dtype,
+                has_weight=weight is not None,
+                has_bias=bias is not None,
+                has_running_stats=running_mean is not None,
+                param_dtype=param_dtype(*per_channel),
+                channels_last=last,
+            )
         if last:  # (batch, *spatial, channels) in memory: a free view
             x3 = x.movedim(1, -1).view(batch, spatial, channels)
         else:
