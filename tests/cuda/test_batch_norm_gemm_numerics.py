@@ -352,11 +352,11 @@ def test_skinny_gemm_fixup_sums_every_split_and_resets_its_counters(shape):
     for _ in range(3):  # counters left at zero: the next call counts from scratch
         a, b = _gemm_inputs(*shape, torch.bfloat16)
         assert _rel_err(kernel(a, b, None), a.float() @ b.float()) < TOLERANCE[torch.bfloat16]
-    assert all(not counters.any() for counters in kernel._counters.values())
+    assert all(not counters.any() for _, counters in kernel._scratch.values())
 
 
 def test_skinny_gemm_fixup_keeps_one_set_of_counters_per_stream():
-    """Two streams' calls could interleave their arrivals on shared counters."""
+    """Two streams' calls could interleave their arrivals and partials on shared scratch."""
     shape = (1, 4096, 4096)
     kernel = _fixup_kernel(gemm_call(*shape, torch.bfloat16))
     inputs = [_gemm_inputs(*shape, torch.bfloat16) for _ in range(2)]
@@ -366,6 +366,6 @@ def test_skinny_gemm_fixup_keeps_one_set_of_counters_per_stream():
         with torch.cuda.stream(stream):
             outputs.append([kernel(a, b, None) for _ in range(20)][-1])
     torch.cuda.synchronize()
-    assert len(kernel._counters) == 2
+    assert len(kernel._scratch) == 2
     for got, (a, b) in zip(outputs, inputs, strict=True):
         assert _rel_err(got, a.float() @ b.float()) < TOLERANCE[torch.bfloat16]

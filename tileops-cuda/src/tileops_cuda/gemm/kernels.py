@@ -181,7 +181,7 @@ class GemmSkinny(_Gemm):
     def __init__(self, call: GemmCall, compiled: list[Any]) -> None:
         super().__init__(call, compiled)
         self.plan_ = skinny_plan(call) if call.k else None
-        self._counters: dict[tuple[torch.device, int], torch.Tensor] = {}
+        self._scratch: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def forward(self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         plan = self.plan_
@@ -190,27 +190,36 @@ class GemmSkinny(_Gemm):
         a, b = aligned(a), aligned(b)
         c = self.output(a, b)
         n = c.shape[1]
+        if plan.fixup:  # one launch: its scratch can be the stream's own, kept between calls
+            self.launches[0](a, b, *self._fixup_scratch(a.device, n), c, *with_bias(bias))
+            return c
         partials = torch.empty((plan.splits * plan.tile.block_m, n), dtype=torch.float32,
                                device=a.device)  # fmt: skip
-        if plan.fixup:
-            counters = self._column_counters(a.device, n)
-            self.launches[0](a, b, partials, counters, c, *with_bias(bias))
-            return c
         self.launches[0](a, b, partials)
         self.launches[1](partials, c, *with_bias(bias))
         return c
 
-    def _column_counters(self, device: torch.device, n: int) -> torch.Tensor:
-        """The fixup's arrival counters, one per column tile, zero between calls (the last
-        block resets its own). One set per stream: kernels on one stream run in order, while
-        two streams' calls could interleave their counts."""
-        stream = torch.cuda.current_stream(device).cuda_stream
-        counters = self._counters.get((device, stream))
-        if counters is None:
-            columns = ceil_div(n, self.plan_.tile.block_n)
-            counters = torch.zeros(columns, dtype=torch.int32, device=device)
-            self._counters[(device, stream)] = counters
-        return counters
+    def _fixup_scratch(self, device: torch.device, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fixup kernel's float32 partials and its arrival counters, one per column tile,
+        zero between calls (the last block resets its own). One set per stream: kernels on
+        one stream run one after another, while two streams' calls could interleave."""
+        key = (device.index, _current_raw_stream(device))
+        scratch = self._scratch.get(key)
+        if scratch is None:
+            plan = self.plan_
+            partials = torch.empty((plan.splits * plan.tile.block_m, n), dtype=torch.float32,
+                                   device=device)  # fmt: skip
+            counters = torch.zeros(ceil_div(n, plan.tile.block_n), dtype=torch.int32, device=device)
+            scratch = self._scratch[key] = partials, counters
+        return scratch
+
+
+def _current_raw_stream(device: torch.device) -> int:
+    """The current CUDA stream's handle on `device`, at the least host cost torch offers."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def zero_padded(t: torch.Tensor, dim: int, extra: int) -> torch.Tensor:
