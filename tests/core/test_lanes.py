@@ -100,13 +100,18 @@ def test_flipping_determinism_leaves_the_lane_until_forward_ran_again(monkeypatc
 
 
 @pytest.mark.parametrize("requires_grad", [True, False])
-def test_a_call_that_needs_a_gradient_never_takes_a_lane(monkeypatch, requires_grad):
-    op, w = RMSNormFwdOp(8), torch.randn(8)
+def test_a_call_needing_a_gradient_runs_the_lane_inside_its_autograd_node(
+    monkeypatch, requires_grad
+):
+    op, w = RMSNormFwdOp(8), torch.randn(8, dtype=torch.float64)
     for _ in range(2):
-        op(torch.randn(2, 8, requires_grad=requires_grad), w)
+        op(torch.randn(2, 8, dtype=torch.float64, requires_grad=requires_grad), w)
     calls = _refusing_forward(monkeypatch, RMSNormFwdOp)
-    y = op(torch.randn(2, 8, requires_grad=requires_grad), w)
-    assert len(calls) == requires_grad and (y.grad_fn is not None) == requires_grad
+    x = torch.randn(2, 8, dtype=torch.float64, requires_grad=requires_grad)
+    y = op(x, w)
+    assert calls == [] and (y.grad_fn is not None) == requires_grad
+    if requires_grad:
+        assert torch.autograd.gradcheck(lambda x: op(x, w), (x,))
 
 
 def test_a_backward_call_spec_is_built_once_per_combination_of_its_facts():

@@ -213,3 +213,45 @@ def test_gpu_gradients_match_float64(backward_only, shape, dtype):
         got = _grads(op, tensors, dy)
         want = _grads(fn, [t.double() for t in tensors], dy.double())
         _close(got, want, dtype)
+
+
+@pytest.mark.parametrize("rows", [6, 0])
+@pytest.mark.parametrize(
+    "cls,inputs,wanted",
+    [
+        (bk.TileLangLayerNormBackward, ("x", "w", "b"), (True, True, True)),
+        (bk.TileLangLayerNormBackward, ("x", "w", None), (False, True, False)),
+        (bk.TileLangLayerNormBackward, ("x", None, "b"), (True, False, True)),
+        (bk.TileLangRMSNormBackward, ("x", "w"), (True, True, False)),
+    ],
+)
+def test_the_blocks_partials_become_each_parameters_gradient(cls, inputs, wanted, rows):
+    """The host side, with the launch standing in for the program: each parameter's partials
+    (one row per block) are summed over the blocks into its gradient, in its dtype and shape;
+    rows == 0 gives zeros."""
+    plan, n = bk.BackwardPlan(32, 1, 1, programs=5), 8
+    kernel = object.__new__(cls)
+    kernel.plan, kernel.n, kernel.wanted = plan, n, wanted
+
+    def launch(x, dy, *buffers):  # (weight when given), (dx when wanted), the partials
+        buffers = buffers[inputs[1] is not None :]
+        dx, *parts = buffers if wanted[0] else (None, *buffers)
+        if dx is not None:
+            dx.fill_(3.0)
+        for k, part in enumerate(parts):  # block p writes p + 10 k in every column
+            assert part.shape == (5, n) and part.is_contiguous()
+            part.copy_((torch.arange(5.0) + 10 * k)[:, None].expand(5, n))
+
+    kernel.launch = launch
+    made = {"x": torch.randn(rows, 2, n), "w": torch.randn(n, dtype=torch.bfloat16)}
+    made["b"] = torch.randn(n, dtype=torch.bfloat16)
+    tensors = tuple(None if name is None else made[name] for name in inputs)
+    dx, *params = kernel.forward((torch.randn(rows, 2, n),), tensors)
+    assert (dx is None) == (not wanted[0]) and (dx is None or (dx == 3).all())
+    expected = iter([10.0, 60.0] if rows else [0.0, 0.0])  # sums of p (+ 10 k) over 5 blocks
+    for got, given, want in zip(params, tensors[1:], wanted[1:], strict=False):
+        if not want:
+            assert got is None
+            continue
+        assert got.dtype == given.dtype and got.shape == given.shape
+        assert (got == next(expected)).all()

@@ -245,15 +245,20 @@ class Op:
         ):
             return self._autograd_eagerly(call)
         if self._settled is BUILTIN and not self._checks and not call.written_empty:
-            held = call.lane[0]  # the common case: the lane, else forward and make the lane
-            if held is not None and held[0] is self._hits and held[1] is not None:
-                return held[1](*call.tensors)
-            out = self.forward(*call.tensors)
-            hits = self._hits  # a plain cache: no pin, record or simulation is active
-            if type(hits) is dict and (held is None or held[0] is not hits):
-                call.lane[0] = (hits, self.lane_for(call))
-            return out
+            return self._builtin(call)  # the common case, one call shorter
         return self._execute(call)
+
+    def _builtin(self, call: BoundCall) -> Any:
+        """The op's own kernels on a checked call: its layout's lane, else `forward` (and the
+        lane made for the next calls of that layout)."""
+        held = call.lane[0]
+        if held is not None and held[0] is self._hits and held[1] is not None:
+            return held[1](*call.tensors)
+        out = self.forward(*call.tensors)
+        hits = self._hits  # a plain cache: no pin, record or simulation is active
+        if type(hits) is dict and (held is None or held[0] is not hits):
+            call.lane[0] = (hits, self.lane_for(call))
+        return out
 
     def lane_for(self, call: BoundCall) -> Callable[..., Any] | None:
         """A shortcut for the calls of `call`'s input layout, made after one ran `forward`
@@ -328,7 +333,7 @@ class Op:
         if call.written_empty:
             return result_of(self.signature.make_outputs(call))
         if self._settled is BUILTIN:
-            return self.forward(*call.tensors)
+            return self._builtin(call)
         if self._settled is None:
             return self._first_call(call)
         return self._run(self._settled, call)

@@ -4,7 +4,8 @@ One layout: the row held whole in one block's registers as float32 (x or y, dy, 
 parameter partials the call needs), on sm_80 .. sm_90, for float16/bfloat16/float32 rows that
 fit (`backward_plan`); longer rows go to Triton's looped kernel or the reference. Norms run on
 a persistent grid and write per-block partials of dweight/dbias, summed here in a fixed order
-(torch's sum over the blocks' axis): deterministic, no atomics. Programs: `backward_program`.
+(one torch sum over the blocks' axis for both): deterministic, no atomics. Programs:
+`backward_program`.
 """
 
 from __future__ import annotations
@@ -135,22 +136,19 @@ class _NormBackward(TileLangRowsBackward):
         dy_rows = aligned(dy.contiguous().view(-1, n))
         params = [] if weight is None else [aligned(weight.contiguous().view(n))]
         dx = torch.empty_like(rows) if need_dx else None
-        parts = [torch.empty((self.plan.programs, n), dtype=torch.float32, device=x.device)
-                 for need in (need_dw, need_db) if need]  # fmt: skip
+        found = [None if dx is None else dx.view(x.shape), None, None]
+        summed = need_dw + need_db  # dweight and dbias partials in one buffer, summed at once
+        parts = torch.empty((summed, self.plan.programs, n), dtype=torch.float32, device=x.device)
         if rows.shape[0]:
-            self.launch(rows, dy_rows, *params, *([dx] if need_dx else []), *parts)
-        sums = iter(_summed(p, rows.shape[0]) for p in parts)
-        found = (
-            None if dx is None else dx.view(x.shape),
-            next(sums).to(weight.dtype).view(weight.shape) if need_dw else None,
-            next(sums).to(bias.dtype).view(bias.shape) if need_db else None,
-        )
-        return found[: len(inputs)]
-
-
-def _summed(parts: torch.Tensor, rows: int) -> torch.Tensor:
-    """The blocks' partials added over the blocks' axis (zeros when there were no rows)."""
-    return parts.sum(0) if rows else parts.new_zeros(parts.shape[1])
+            self.launch(rows, dy_rows, *params, *([dx] if need_dx else []), *parts.unbind(0))
+        if summed:
+            like = weight if need_dw else bias  # weight and bias share one dtype
+            totals = parts.sum(1) if rows.shape[0] else parts.new_zeros(summed, n)
+            totals = totals.to(like.dtype).view(summed, *like.shape).unbind(0)
+            found[1 if need_dw else 2] = totals[0]
+            if need_dw and need_db:
+                found[2] = totals[1]
+        return tuple(found[: len(inputs)])
 
 
 class TileLangRMSNormBackward(_NormBackward, RMSNormBackwardInterface):
