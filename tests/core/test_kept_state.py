@@ -137,3 +137,11 @@ def test_an_op_that_keeps_no_state_refuses_a_tuple_from_its_kernel(isolated):
     register_kernel_type(tileops.RMSNormFwdOp, "pair", Pair)
     with pytest.raises(BackendError, match="Output of .*'pair'.* is wrong: it returned tuple"):
         tileops.RMSNormFwdOp(4)(torch.randn(2, 4), None)
+
+
+def test_an_op_that_keeps_state_cannot_declare_a_lane():
+    with pytest.raises(TypeError, match="an op whose kernels keep state defines no lane_for"):
+
+        class Laned(BatchNormFwdOp):
+            def lane_for(self, call):
+                return None

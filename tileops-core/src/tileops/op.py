@@ -68,6 +68,11 @@ class Op:
         super().__init_subclass__(**kwargs)
         cls.op_name = f"{cls.__dict__.get('namespace', cls.__module__)}::{cls.__qualname__}"
         cls._checks = cls.check is not Op.check  # most ops add no checks: skip the call
+        if cls.keeps_state and cls.lane_for is not Op.lane_for:
+            raise TypeError(
+                f"{cls.__qualname__}: an op whose kernels keep state defines no lane_for (a lane "
+                "calls the kernel without the state's check and collection)"
+            )
         REGISTRY.add_op(cls)
 
     def __init__(self, *, target: str | None = None) -> None:
