@@ -136,6 +136,7 @@ class Signature:
         self.names = tuple(i.name for i in inputs)
         self._positions = {name: k for k, name in enumerate(self.names)}
         self._must_stay_contiguous = tuple(i.written and i.contiguous for i in inputs)
+        self._count = len(inputs)
         # what autograd needs per call, read once: positions of the inputs the op writes, of
         # those without a gradient (written or not differentiable), of outputs without one
         self.written_at = tuple(k for k, i in enumerate(inputs) if i.written)
@@ -186,23 +187,9 @@ class Signature:
         self, op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], plan: ShapePlan
     ) -> BoundCall:
         """Parse `op(*args, **kwargs)` and run every check; errors name the argument."""
-        values = self._parse(op, args, kwargs)
+        values = args if not kwargs and len(args) == self._count else self._parse(op, args, kwargs)
         try:
-            key = tuple(  # a list, not a generator: this is the hot path
-                [
-                    None
-                    if v is None
-                    else (
-                        v.shape,
-                        v.dtype,
-                        v.device,
-                        v.layout,
-                        v.requires_grad,
-                        w and v.is_contiguous(),
-                    )
-                    for v, w in zip(values, self._must_stay_contiguous, strict=False)
-                ]
-            )
+            key = self._layout_key(values)
             known = plan.verdicts.get(key)
         except (AttributeError, RuntimeError):  # not a dense tensor: the checks below say which
             key, known = None, None
@@ -216,6 +203,20 @@ class Signature:
         if key is not None:
             plan.remember(key, verdict)
         return BoundCall(values, *verdict)
+
+    def _layout_key(self, values: tuple) -> tuple:
+        """What the checks' verdict depends on, flat (the hot path: one list, no nesting):
+        per input None, or its shape, dtype, device, layout, requires_grad, and for an input
+        written in place whether it is contiguous."""
+        key: list = []
+        for v, written in zip(values, self._must_stay_contiguous, strict=True):
+            if v is None:
+                key.append(None)
+            else:
+                key += (v.shape, v.dtype, v.device, v.layout, v.requires_grad)
+                if written:
+                    key.append(v.is_contiguous())
+        return tuple(key)
 
     def parse(self, op: str, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
         """The call's inputs in signature order (None for those not passed), unchecked."""
