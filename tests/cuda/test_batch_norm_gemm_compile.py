@@ -217,3 +217,29 @@ def test_gemm_with_k_zero_builds_nothing():
     given = kernel(torch.ones(0, 5, dtype=torch.bfloat16), torch.ones(7, 0, dtype=torch.bfloat16),
                    bias)  # fmt: skip
     assert kernel.compiled == [] and torch.equal(given, bias.expand(5, 7))
+
+
+@pytest.mark.parametrize(
+    "cls,kept", [(batch_norm.BatchNormTiled, True), (batch_norm.BatchNormInfer, False)]
+)
+def test_a_training_kernel_hands_its_program_the_statistics_buffer_and_returns_it(cls, kept):
+    """The host side, the launch standing in for the program: a training kernel passes a
+    (2, channels) float32 buffer after y and returns y with its rows (mean, invstd)."""
+    launched = []
+
+    def launch(*buffers):
+        launched.append(buffers)
+        if kept:
+            buffers[-1].copy_(torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]))
+
+    kernel = object.__new__(cls)
+    kernel.launches, kernel.channels, kernel.pdtype, kernel._placeholders = [launch], 3, None, {}
+    x = torch.randn(2, 3, 4)
+    out = kernel.forward(x, torch.ones(3), torch.zeros(3), torch.zeros(3), torch.ones(3))
+    (buffers,) = launched
+    if not kept:
+        assert isinstance(out, torch.Tensor) and len(buffers) == 6 and buffers[-1] is out
+        return
+    y, mean, invstd = out
+    assert buffers[-2] is y and buffers[-1].shape == (2, 3) and buffers[-1].dtype == torch.float32
+    assert mean.tolist() == [1.0, 2.0, 3.0] and invstd.tolist() == [4.0, 5.0, 6.0]

@@ -93,13 +93,22 @@ class _BatchNorm(Kernel):
         bias: torch.Tensor | None,
         running_mean: torch.Tensor | None,
         running_var: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """One kernel over x (the split layout, two kernels, has its own)."""
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """One kernel over x (the split layout, two kernels, has its own): y, and in training
+        the batch mean and invstd it kept (`kept`)."""
         x = aligned(x)
-        y = torch.empty_like(x)
+        y, kept = torch.empty_like(x), self.kept(x)
         params = self.per_channel(x, weight, bias, running_mean, running_var)
-        self.launches[0](x, *params, *self.workspace(x), y)
-        return y
+        if kept is None:
+            self.launches[0](x, *params, *self.workspace(x), y)
+            return y
+        self.launches[0](x, *params, *self.workspace(x), y, kept)
+        return y, *kept
+
+    def kept(self, x: torch.Tensor) -> torch.Tensor | None:
+        """The (2, channels) float32 buffer a training program keeps its statistics in; None
+        for inference."""
+        return None
 
     def workspace(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Scratch tensors the kernel takes before y: none but a cluster's."""

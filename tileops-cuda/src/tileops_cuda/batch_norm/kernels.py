@@ -82,20 +82,6 @@ class _Train(_BatchNorm, BatchNormTrainInterface):
     def programs(cls, call: BatchNormCall) -> list[tuple[int, Any]]:
         return [(0, lambda: train_program(cls.layout, call, cls.layout_fields(call)))]
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        weight: torch.Tensor | None,
-        bias: torch.Tensor | None,
-        running_mean: torch.Tensor | None,
-        running_var: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, ...]:
-        x = aligned(x)
-        y, kept = torch.empty_like(x), self.kept(x)
-        params = self.per_channel(x, weight, bias, running_mean, running_var)
-        self.launches[0](x, *params, *self.workspace(x), y, kept)
-        return y, *kept
-
     def kept(self, x: torch.Tensor) -> torch.Tensor:
         """Where the program writes the batch mean (row 0) and invstd (row 1)."""
         return torch.empty((2, self.channels), dtype=torch.float32, device=x.device)
