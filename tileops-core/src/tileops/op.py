@@ -250,7 +250,7 @@ class Op:
         ):
             return self._autograd_eagerly(call)
         if self._settled is BUILTIN and not self._checks and not call.written_empty:
-            return self._builtin(call)  # the common case, one call shorter
+            return self._builtin(call)  # the common case: no checks, no target
         return self._execute(call)
 
     def _builtin(self, call: BoundCall) -> Any:
