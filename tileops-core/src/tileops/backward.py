@@ -36,6 +36,7 @@ from .callspec import CallSpec
 from .errors import KernelDeclarationError
 from .kernel import Build, Kernel, KernelInterface
 from .registry import REGISTRY
+from .table import remember
 
 if TYPE_CHECKING:
     from .op import Op
@@ -243,7 +244,9 @@ def backward_call(
     dtypes = tuple(None if t is None else t.dtype for t in inputs)
     own = op.backward_facts(grads, inputs, outputs)
     key = (device, dtypes, needs, create_graph, None if own is None else tuple(own[1].items()))
-    calls = op.__dict__.setdefault("_backward_calls", {})
+    calls = op.__dict__.get("_backward_calls")
+    if calls is None:
+        calls = op.__dict__["_backward_calls"] = {}
     try:
         call = calls.get(key)
     except TypeError:  # a symbolic fact
@@ -259,9 +262,7 @@ def backward_call(
         }
         call = BackwardCall(**common) if own is None else own[0](**common, **own[1])
         if key is not None:
-            if len(calls) >= 64:  # bounded: ever-new row lengths
-                calls.clear()
-            calls[key] = call
+            remember(calls, key, call, 64)  # bounded: ever-new row lengths
     return call
 
 

@@ -136,7 +136,6 @@ class Signature:
         self.names = tuple(i.name for i in inputs)
         self._positions = {name: k for k, name in enumerate(self.names)}
         self._must_stay_contiguous = tuple(i.written and i.contiguous for i in inputs)
-        self._count = len(inputs)
         # what autograd needs per call, read once: positions of the inputs the op writes, of
         # those without a gradient (written or not differentiable), of outputs without one
         self.written_at = tuple(k for k, i in enumerate(inputs) if i.written)
@@ -187,7 +186,7 @@ class Signature:
         self, op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], plan: ShapePlan
     ) -> BoundCall:
         """Parse `op(*args, **kwargs)` and run every check; errors name the argument."""
-        values = args if not kwargs and len(args) == self._count else self._parse(op, args, kwargs)
+        values = self._parse(op, args, kwargs)
         try:
             key = self._layout_key(values)
             known = plan.verdicts.get(key)

@@ -99,11 +99,9 @@ class _BatchNorm(Kernel):
         x = aligned(x)
         y, kept = torch.empty_like(x), self.kept(x)
         params = self.per_channel(x, weight, bias, running_mean, running_var)
-        if kept is None:
-            self.launches[0](x, *params, *self.workspace(x), y)
-            return y
-        self.launches[0](x, *params, *self.workspace(x), y, kept)
-        return y, *kept
+        outputs = (y,) if kept is None else (y, kept)
+        self.launches[0](x, *params, *self.workspace(x), *outputs)
+        return y if kept is None else (y, *kept)
 
     def kept(self, x: torch.Tensor) -> torch.Tensor | None:
         """The (2, channels) float32 buffer a training program keeps its statistics in; None

@@ -214,11 +214,13 @@ class GemmSkinny(_Gemm):
         return scratch
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU builds
+
+
 def _current_raw_stream(device: torch.device) -> int:
     """The current CUDA stream's handle on `device`, at the least host cost torch offers."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(device.index)
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device.index)
     return torch.cuda.current_stream(device).cuda_stream
 
 

@@ -138,16 +138,20 @@ class _NormBackward(TileLangRowsBackward):
         dx = torch.empty_like(rows) if need_dx else None
         found = [None if dx is None else dx.view(x.shape), None, None]
         summed = need_dw + need_db  # dweight and dbias partials in one buffer, summed at once
-        parts = torch.empty((summed, self.plan.programs, n), dtype=torch.float32, device=x.device)
+        parts = None
+        if summed:
+            parts = torch.empty((summed, self.plan.programs, n), dtype=torch.float32,
+                                device=x.device)  # fmt: skip
         if rows.shape[0]:
-            self.launch(rows, dy_rows, *params, *([dx] if need_dx else []), *parts.unbind(0))
+            buffers = [dx] if need_dx else []
+            self.launch(rows, dy_rows, *params, *buffers, *(parts.unbind(0) if summed else ()))
         if summed:
             like = weight if need_dw else bias  # weight and bias share one dtype
             totals = parts.sum(1) if rows.shape[0] else parts.new_zeros(summed, n)
             totals = totals.to(like.dtype).view(summed, *like.shape).unbind(0)
-            found[1 if need_dw else 2] = totals[0]
-            if need_dw and need_db:
-                found[2] = totals[1]
+            slots = [k for k, need in ((1, need_dw), (2, need_db)) if need]
+            for slot, total in zip(slots, totals, strict=True):
+                found[slot] = total
         return tuple(found[: len(inputs)])
 
 

@@ -146,6 +146,18 @@ class GemmBackward(Kernel, BackwardInterface):
         return (*found, *(grads[0].sum(0) if need else None for need in self.bias))
 
 
+def _gemm_call(
+    a: torch.Tensor, b: torch.Tensor, has_bias: bool, trans_a: bool, trans_b: bool
+) -> GemmCall:
+    """The call spec of contiguous operands in the layouts (trans_a, trans_b)."""
+    m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
+    n = b.shape[0] if trans_b else b.shape[1]
+    return GemmCall(
+        device=a.device, m=m, n=n, k=k, dtype=a.dtype, trans_a=trans_a, trans_b=trans_b,
+        has_bias=has_bias,
+    )  # fmt: skip
+
+
 def _signature(trans_a: bool, trans_b: bool, bias: bool = True) -> Signature:
     """a (m, k) or, transposed, (k, m); b (k, n) or (n, k); bias (n,); all of a's dtype."""
     optional = (Input("bias", ("n",), dtypes=("a",), optional=True),) if bias else ()
@@ -197,15 +209,10 @@ class GemmOp(Op):
         if not (a.is_contiguous() and b.is_contiguous()):  # the common case skips the calls
             a, trans_a = _stored(a, trans_a)
             b, trans_b = _stored(b, trans_b)
-        m, k = (a.shape[1], a.shape[0]) if trans_a else a.shape
-        n = b.shape[0] if trans_b else b.shape[1]
         if bias is not None:
             bias = bias.contiguous()
-        call = GemmCall(
-            device=a.device, m=m, n=n, k=k, dtype=a.dtype, trans_a=trans_a, trans_b=trans_b,
-            has_bias=bias is not None,
-        )  # fmt: skip
-        return self.call_kernel("gemm", call, (m, n), a.dtype, a, b, bias)
+        call = _gemm_call(a, b, bias is not None, trans_a, trans_b)
+        return self.call_kernel("gemm", call, (call.m, call.n), a.dtype, a, b, bias)
 
     def lane_for(self, call: BoundCall) -> Callable[..., torch.Tensor] | None:
         """Contiguous operands in the declared layout, as `forward` hands them over; calls
@@ -213,11 +220,7 @@ class GemmOp(Op):
         a, b, *rest = call.tensors
         if not (a.is_contiguous() and b.is_contiguous()):
             return None
-        (m, k), n = (a.shape[::-1] if self.trans_a else a.shape), b.shape[0 if self.trans_b else 1]
-        spec = GemmCall(
-            device=a.device, m=m, n=n, k=k, dtype=a.dtype, trans_a=self.trans_a,
-            trans_b=self.trans_b, has_bias=bool(rest) and rest[0] is not None,
-        )  # fmt: skip
+        spec = _gemm_call(a, b, bool(rest) and rest[0] is not None, self.trans_a, self.trans_b)
         kernel, forward = self._hits.get(("gemm", spec)), self.forward
         if kernel is None:
             return None

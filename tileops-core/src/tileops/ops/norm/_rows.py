@@ -63,9 +63,7 @@ class RowNorm:
     def forward(self, x: torch.Tensor, *affine: torch.Tensor | None) -> torch.Tensor:
         n = self._n
         rows = as_rows(x, n)
-        # A norm's call spec follows from x's dtype and device and the params' dtypes alone:
-        # remember it per combination rather than build one per call.
-        key = (x.dtype, x.device, *[None if t is None else t.dtype for t in affine])
+        key = _spec_key(x, affine)
         call = self._calls.get(key)
         if call is None:
             call = self._calls[key] = self.call_for(x, *affine)
@@ -76,8 +74,7 @@ class RowNorm:
 
     def lane_for(self, call: BoundCall) -> Callable[..., torch.Tensor] | None:
         x, *affine = call.tensors
-        key = (x.dtype, x.device, *[None if t is None else t.dtype for t in affine])
-        spec = self._calls.get(key)
+        spec = self._calls.get(_spec_key(x, affine))
         kernel = None if spec is None else self._hits.get((self.interface_name, spec))
         if kernel is None:
             return None
@@ -89,3 +86,9 @@ class RowNorm:
             return y if rows is x else like(y, x)
 
         return lane
+
+
+def _spec_key(x: torch.Tensor, affine: Any) -> tuple:
+    """What a norm's call spec follows from: x's dtype and device and the params' dtypes (so
+    it is remembered per combination rather than built per call)."""
+    return (x.dtype, x.device, *[None if t is None else t.dtype for t in affine])

@@ -20,6 +20,7 @@ from ...errors import KernelDeclarationError, OpConfigError, OpInputError
 from ...kernel import Kernel, KernelInterface
 from ...op import Op
 from ...signature import BATCH, HALF_DTYPES, WIDENED, BoundCall, Input, Output, Signature
+from ...table import remember
 from .._common import (
     ReferenceKernel,
     bool_param,
@@ -379,9 +380,7 @@ class BatchNormFwdOp(Op):
         key = (x.shape, x.dtype, x.device, last, *dtypes)
         call = self._calls.get(key)  # a layer's calls repeat: build its call spec once
         if call is None:
-            if len(self._calls) >= 64:  # bounded: a layer called with ever-new shapes
-                self._calls.clear()
-            call = self._calls[key] = BatchNormCall(
+            call = BatchNormCall(
                 device=x.device,
                 batch=batch,
                 channels=channels,
@@ -395,6 +394,7 @@ class BatchNormFwdOp(Op):
                 param_dtype=param_dtype(*per_channel),
                 channels_last=last,
             )
+            remember(self._calls, key, call, 64)  # bounded: a layer fed ever-new shapes
         if last:  # (batch, *spatial, channels) in memory: a free view
             x3 = x.movedim(1, -1).view(batch, spatial, channels)
         else:
