@@ -183,12 +183,18 @@ def _grads(fn, tensors, dy):
     return [None if t is None else next(found) for t in leaves]
 
 
-def _close(got, want, dtype):
-    for g, w in zip(got, want, strict=True):
+def _error(got, want):
+    # floor: one-element rows have a (near) zero dx, whose rounding noise is all there is
+    return (got.double() - want).norm() / max(want.norm().item(), 1e-2 * want.numel() ** 0.5)
+
+
+def _close(got, want, torchs, dtype):
+    """Within the dtype's tolerance, or no further from float64 than twice torch's own
+    gradient in the same dtype (a one-element row's dx is pure cancellation)."""
+    for g, w, t in zip(got, want, torchs, strict=True):
         if g is not None:
-            # floor: one-element rows have a zero dx, whose float32 noise is all there is
-            error = (g.double() - w).norm() / max(w.norm().item(), 1e-2 * w.numel() ** 0.5)
-            assert error < TOLERANCE[dtype], error
+            error = _error(g, w)
+            assert error < max(TOLERANCE[dtype], 2 * _error(t, w)), error
 
 
 @pytest.mark.gpu
@@ -212,7 +218,7 @@ def test_gpu_gradients_match_float64(backward_only, shape, dtype):
             assert op.key_for("backward", call) == bk.BACKWARD_KEY
         got = _grads(op, tensors, dy)
         want = _grads(fn, [t.double() for t in tensors], dy.double())
-        _close(got, want, dtype)
+        _close(got, want, _grads(fn, tensors, dy), dtype)
 
 
 @pytest.mark.parametrize("rows", [6, 0])

@@ -28,6 +28,8 @@ from .table import KernelTable, table_for
 from .targets import choose_target, describe, result_of, run_target
 
 _is_any_autocast_enabled = torch._C._is_any_autocast_enabled
+_is_compiling = torch.compiler.is_compiling
+_is_grad_enabled = torch.is_grad_enabled
 _deterministic = torch._C._get_deterministic_algorithms
 
 
@@ -230,24 +232,22 @@ class Op:
 
     # -- calling the op ----------------------------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.signature is None:
+        signature = self.signature
+        if signature is None:
             return self.forward(*args, **kwargs)
         # An op with typed params is a torch.library operator (library.py): tracing, autocast
         # and autograd go through it; others run eagerly as they are.
-        if torch.compiler.is_compiling() and self.signature.param_types is not None:
-            tensors = self.signature.parse(type(self).op_name, args, kwargs)
+        operator = signature.param_types is not None
+        if operator and _is_compiling():
+            tensors = signature.parse(type(self).op_name, args, kwargs)
             return self._through_operator(tensors)  # Dynamo sees one node, never our locks
-        if _is_any_autocast_enabled() and self.signature.param_types is not None:
-            tensors = self.signature.parse(type(self).op_name, args, kwargs)
+        if operator and _is_any_autocast_enabled():
+            tensors = signature.parse(type(self).op_name, args, kwargs)
             checked = self.check_uncast(tensors)  # before autocast probes or casts anything
             return self._autocast_eagerly(tensors, checked)
         plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
-        call = self.signature.bind(type(self).op_name, args, kwargs, plan)
-        if (
-            call.requires_grad
-            and torch.is_grad_enabled()
-            and self.signature.param_types is not None
-        ):
+        call = signature.bind(type(self).op_name, args, kwargs, plan)
+        if call.requires_grad and operator and _is_grad_enabled():
             return self._autograd_eagerly(call)
         if self._settled is BUILTIN and not self._checks and not call.written_empty:
             return self._builtin(call)  # the common case: no checks, no target

@@ -14,3 +14,11 @@ def aligned(t: torch.Tensor | None) -> torch.Tensor | None:
     if t is None or t.data_ptr() % ALIGN_BYTES == 0:
         return t
     return t.clone()
+
+
+def all_aligned(*tensors: torch.Tensor) -> bool:
+    """Whether every tensor starts on a 16-byte boundary (`aligned` would copy none)."""
+    for t in tensors:
+        if t.data_ptr() % ALIGN_BYTES:
+            return False
+    return True

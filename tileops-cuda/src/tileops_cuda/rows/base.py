@@ -12,6 +12,7 @@ from tileops import Kernel
 
 from .._common.arith import AMPERE_AND_LATER, DTYPE_NAMES, ITEMSIZE
 from .._common.compile import Launch, build_program
+from .._common.operands import aligned, all_aligned
 from .plans import RowPlan, long_row_plan, warp_rows_plan, with_occupancy
 
 
@@ -83,6 +84,15 @@ class RowKernel(Kernel):
         self.compiled = compiled
         self.launch = Launch(compiled)
         self.plan = plan
+
+    def rows_out(self, x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        """y of the program on the (rows, n) `x` and the params it takes (the hot path of
+        every row op's forward: one allocation, one launch)."""
+        if not all_aligned(x, *params):
+            x, *params = map(aligned, (x, *params))
+        y = torch.empty_like(x)
+        self.launch(x, *params, *self.workspace(x), y)
+        return y
 
     def workspace(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The cluster's exchange of partial statistics, (rows, cluster, 2) float32; none

@@ -40,7 +40,6 @@ import torch
 from tileops.ops import LayerNormInterface, RMSNormInterface, SoftmaxInterface
 
 from .._common.arith import CLUSTER_ARCHS, DTYPE_NAMES, ITEMSIZE, MAX_THREADS
-from .._common.operands import aligned
 from .base import RowKernel
 from .norm_program import norm_program
 from .plans import (
@@ -243,10 +242,7 @@ class _LayerNorm(RowKernel, LayerNormInterface):
     def forward(
         self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        x, params = aligned(x), [aligned(t) for t in (weight, bias) if t is not None]
-        y = torch.empty_like(x)
-        self.launch(x, *params, *self.workspace(x), y)
-        return y
+        return self.rows_out(x, *[t for t in (weight, bias) if t is not None])
 
 
 class LayerNormWarpRows(WarpRows, _LayerNorm):
@@ -290,10 +286,7 @@ class _RMSNorm(RowKernel, RMSNormInterface):
         return lambda: norm_program("rms", plan, call, call.has_weight, False)
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-        x, params = aligned(x), [] if weight is None else [aligned(weight)]
-        y = torch.empty_like(x)
-        self.launch(x, *params, *self.workspace(x), y)
-        return y
+        return self.rows_out(x) if weight is None else self.rows_out(x, weight)
 
 
 class RMSNormWarpRows(WarpRows, _RMSNorm):
@@ -341,10 +334,7 @@ class _Softmax(RowKernel, SoftmaxInterface):
         return lambda: softmax_program(plan, call)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = aligned(x)
-        y = torch.empty_like(x)
-        self.launch(x, *self.workspace(x), y)
-        return y
+        return self.rows_out(x)
 
 
 class SoftmaxWarpRows(WarpRows, _Softmax):
