@@ -125,3 +125,16 @@ def test_a_backward_call_spec_is_built_once_per_combination_of_its_facts():
     assert other is not first and other.needs == (True, False)
     strided = backward_call(op, (dy,), (torch.randn(8, 2).t(), w), (), (True, True), False)
     assert strided is not first and not strided.contiguous and first.contiguous
+
+
+def test_a_backward_built_under_a_withdrawn_kernel_does_not_keep_serving_it():
+    """GEMM's backward holds GemmOps of its own: built per registry generation, as every op."""
+    from tileops.testing import isolated_registry
+
+    a, b = torch.randn(2, 3, requires_grad=True), torch.randn(3, 4, requires_grad=True)
+    with isolated_registry():
+        register_kernel_type(GemmOp, "doubling", Doubling)
+        (doubled,) = torch.autograd.grad(GemmOp()(a, b).sum(), b)
+    (db,) = torch.autograd.grad(GemmOp()(a, b).sum(), b)
+    torch.testing.assert_close(doubled, 2 * db)
+    torch.testing.assert_close(db, a.detach().t() @ torch.ones(2, 4))

@@ -166,3 +166,44 @@ def test_linear_backward_matches_float64(rows):
         assert rel_err(g, w) < TOLERANCE[torch.bfloat16]
     layouts = sorted(s.call.layout for s in record.counts if s.interface == "gemm")
     assert layouts == ["NN", "NT", "TN"]  # forward NT, dx NN, dW TN
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["bf16", "autocast"])
+def test_channels_last_batch_norm_trains_through_torchs_own_nodes_from_its_second_call(autocast):
+    """cuDNN serves channels_last training: after the first call (the op's node), a module's
+    calls run torch.batch_norm under torch's autograd; the step matches torch's module."""
+    x = torch.randn(8, 64, 14, 14, device="cuda", dtype=torch.bfloat16) * 2 + 0.5
+    x = x.to(memory_format=torch.channels_last)
+    ref = torch.nn.BatchNorm2d(64, device="cuda")
+    mod = tnn.BatchNorm2d(64, device="cuda")
+    if not autocast:
+        ref, mod = ref.bfloat16(), mod.bfloat16()
+    nodes = []
+    for _ in range(3):
+        grads = []
+        for m in (ref, mod):
+            leaf = x.clone().requires_grad_()
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+                y = m(leaf)
+            dy = torch.ones_like(y).mul_(torch.arange(y.numel(), device="cuda").view_as(y) % 7)
+            grads.append(torch.autograd.grad(y, (leaf, m.weight, m.bias), dy))
+            assert y.is_contiguous(memory_format=torch.channels_last)
+        nodes.append(type(y.grad_fn).__name__)
+        for got, want in zip(grads[1], grads[0], strict=True):
+            assert rel_err(got, want) < TOLERANCE[torch.bfloat16]
+    assert nodes[0] == "_EagerOpBackward" and nodes[1] == nodes[2] != "_EagerOpBackward"
+    assert rel_err(mod.running_mean, ref.running_mean) < 1e-3
+    assert rel_err(mod.running_var, ref.running_var) < 1e-3
+
+
+def test_linear_trains_through_cublas_nodes_from_its_second_call():
+    linear = tnn.Linear(1024, 4096, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    nodes = [type(linear(x).grad_fn).__name__ for _ in range(2)]
+    assert nodes == ["_EagerOpBackward", "AddmmBackward0"]
+    dy = torch.randn(512, 4096, device="cuda", dtype=torch.bfloat16)
+    got = torch.autograd.grad(linear(x), (x, linear.weight, linear.bias), dy)
+    wide = [t.detach().double().requires_grad_() for t in (x, linear.weight, linear.bias)]
+    want = torch.autograd.grad(F.linear(*wide), wide, dy.double())
+    for g, w in zip(got, want, strict=True):
+        assert rel_err(g, w) < TOLERANCE[torch.bfloat16]

@@ -21,6 +21,7 @@ from .autocast import castable
 from .backward import backward_of, run_keeping_state
 from .errors import OpInputError, add_note
 from .op import Op
+from .registry import BUILTIN
 from .scope import SCOPE, SCOPES
 from .signature import dtype_name
 
@@ -142,13 +143,27 @@ def _device_type(tensors: tuple) -> str | None:
 
 
 def autograd_eagerly(op: Op, call: BoundCall) -> Any:
-    """The call as one autograd node, whose backward is the op's "backward" interface."""
+    """The call as one autograd node, whose backward is the op's "backward" interface; or,
+    where the kernel serving the layout is torch's own function (`Op.native_lane_for`), that
+    function under torch's autograd."""
+    held = call.lane[1]
+    if held is not None and held[0] is op._hits and held[1] is not None and not _functorch_active():
+        if op._checks:
+            op.check(call)
+        out = held[1](*call.tensors)
+        if out is not None:
+            return out
     refuse_gradients_it_lacks(op, call.tensors)
     if _functorch_active():  # Function.apply's own path (and its error for our Function)
         return _EagerOp.apply(op, call, *call.tensors)
     # Function.apply less its Python wrapper (a third of its host time), which unwraps tensors
     # a finished transform left behind: the dispatcher takes those as they are
-    return _apply(op, call, *call.tensors)
+    out = _apply(op, call, *call.tensors)
+    hits = op._hits  # a plain cache: no pin, record or simulation is active
+    fresh = held is None or held[0] is not hits
+    if fresh and type(hits) is dict and op._settled is BUILTIN and not call.written_empty:
+        call.lane[1] = (hits, op.native_lane_for(call))
+    return out
 
 
 class _EagerOp(torch.autograd.Function):

@@ -59,6 +59,13 @@ class Kernel:
     preferred_over: ClassVar[frozenset[str]] = frozenset()
     deterministic: ClassVar[bool] = True  # False: atomics or split reductions of varying order
     requires: ClassVar[Requirements | None] = None  # what the machine must have to launch it
+    torch_native: ClassVar[bool] = False
+    """True: `forward` computes its call with torch's own differentiable function, the one the
+    op's `native_lane_for` calls on the caller's tensors (cuBLAS through torch.mm, cuDNN
+    through torch.batch_norm), and torch's backward of it is as fast as the op's backward
+    kernels. Eager autograd calls this kernel serves then run that function under torch's
+    autograd: torch's own nodes, no node or backward kernel of the op's (what eager torch
+    pays on the host)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -133,7 +140,7 @@ def check_declarations(cls: type, where: str) -> None:
         raise KernelDeclarationError(
             f"{where}: preferred_over must be a set of kernel keys, got {preferred!r}"
         )
-    for flag in ("general", "deterministic"):
+    for flag in ("general", "deterministic", "torch_native"):
         if not isinstance(getattr(cls, flag), bool):
             raise KernelDeclarationError(
                 f"{where}: {flag} must be True or False, got {getattr(cls, flag)!r}"

@@ -273,6 +273,14 @@ class Op:
         they repeat; None: every call runs `forward`."""
         return None
 
+    def native_lane_for(self, call: BoundCall) -> Callable[..., Any] | None:
+        """torch's own differentiable function for the autograd calls of `call`'s input layout,
+        where the kernel that served it declares `torch_native` (made after one such call ran
+        as the op's autograd node): later calls run it under torch's autograd, with torch's
+        backward. The lane returns None for a call it was not made for (other strides), which
+        then takes the op's node. None: every autograd call takes the op's node."""
+        return None
+
     def call_eager(self, tensors: tuple[torch.Tensor | None, ...]) -> Any:
         """Run the op on `tensors` (signature order) through the dispatcher itself: what the
         torch.library operator does once autograd and autocast are dealt with."""

@@ -108,8 +108,9 @@ _new_bound_call = tuple.__new__  # skips the named tuple's Python-level __new__ 
 class BoundCall(NamedTuple):
     """One call after parsing and checking: inputs in signature order, the call device, the
     sizes the shape patterns bound, and whether every tensor the call writes is empty.
-    A named tuple: one is made on every op call. `lane`: a one-item list every call of this
-    input layout shares, where the op keeps its lane for them (`Op.lane_for`)."""
+    A named tuple: one is made on every op call. `lane`: a two-item list every call of this
+    input layout shares, where the op keeps its lanes for them: the plain one (`Op.lane_for`)
+    and the autograd one (`Op.native_lane_for`)."""
 
     tensors: tuple[torch.Tensor | None, ...]
     device: torch.device
@@ -200,7 +201,8 @@ class Signature:
         self._check_same_dtype(op, values)
         sizes = self._check_shapes(op, values, plan)
         requires_grad = any(v is not None and v.requires_grad for v in values)
-        verdict = (device, sizes, self._all_written_empty(values, sizes), requires_grad, [None])
+        empty = self._all_written_empty(values, sizes)
+        verdict = (device, sizes, empty, requires_grad, [None, None])
         if key is not None:
             plan.remember(key, verdict)
         return BoundCall(values, *verdict)

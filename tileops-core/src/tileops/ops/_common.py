@@ -15,6 +15,7 @@ from ..backward import BackwardCall, BackwardInterface
 from ..callspec import CallSpec
 from ..errors import OpConfigError
 from ..kernel import Build, Kernel
+from ..registry import REGISTRY
 from ..samples import Case
 from ..signature import HALF_DTYPES, dtype_name
 
@@ -219,7 +220,8 @@ class GradOpBackward(Kernel, BackwardInterface):
 
     @classmethod
     def entry_for(cls, call: BackwardCall) -> tuple[Hashable, Build]:
-        identity = (call.params, call.needs)
+        # the ops it builds select under the registrations of now: a generation's own entry
+        identity = (call.params, call.needs, REGISTRY.generation)
         return identity, lambda: cls(dict(call.params), call.needs)
 
     def __init__(self, params: dict[str, Any], needs: tuple[bool, ...]) -> None:

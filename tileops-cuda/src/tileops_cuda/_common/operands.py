@@ -22,3 +22,11 @@ def all_aligned(*tensors: torch.Tensor) -> bool:
         if t.data_ptr() % ALIGN_BYTES:
             return False
     return True
+
+
+def as_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """`t` as a contiguous (rows, n) tensor: itself when it is one (no view: a view costs the
+    host more than the check)."""
+    if t.dim() == 2 and t.is_contiguous():
+        return t
+    return t.contiguous().view(-1, n)

@@ -92,6 +92,7 @@ class _Cudnn(Kernel):
 
     supported_archs = None
     channels_last = True
+    torch_native = True  # under autograd: torch.batch_norm with torch's backward
     training: ClassVar[bool]
     faster: ClassVar[tuple[Faster, ...]]
 

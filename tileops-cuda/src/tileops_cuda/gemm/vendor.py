@@ -80,6 +80,7 @@ class CublasGemm(Kernel, GemmInterface):
 
     supported_archs = None
     preferred_over = TILELANG_KEYS
+    torch_native = True  # under autograd: torch.mm / addmm with torch's backward, as F.linear
 
     @classmethod
     def refusal(cls, call: GemmCall) -> str | None:

@@ -34,7 +34,7 @@ from .._common.arith import (
 )
 from .._common.compile import Launch, build_program
 from .._common.lanes import REGISTER_FILE, THREADS_PER_SM
-from .._common.operands import aligned
+from .._common.operands import aligned, all_aligned, as_rows
 from .backward_program import BackwardPlan, norm_backward_program, softmax_backward_program
 
 BACKWARD_KEY = "tilelang_row_backward"
@@ -132,11 +132,12 @@ class _NormBackward(TileLangRowsBackward):
         (dy,), n = grads, self.n
         x, weight, bias = (*inputs, None)[:3]  # RMSNorm has no bias
         need_dx, need_dw, need_db = self.wanted
-        rows = aligned(x.contiguous().view(-1, n))
-        dy_rows = aligned(dy.contiguous().view(-1, n))
-        params = [] if weight is None else [aligned(weight.contiguous().view(n))]
+        rows, dy_rows = as_rows(x, n), as_rows(dy, n)
+        params = () if weight is None else (weight.contiguous().view(n),)
+        if not all_aligned(rows, dy_rows, *params):
+            rows, dy_rows, *params = map(aligned, (rows, dy_rows, *params))
         dx = torch.empty_like(rows) if need_dx else None
-        found = [None if dx is None else dx.view(x.shape), None, None]
+        found = [dx if dx is None or rows is x else dx.view(x.shape), None, None]
         summed = need_dw + need_db  # dweight and dbias partials in one buffer, summed at once
         parts = None
         if summed:
@@ -205,10 +206,11 @@ class TileLangSoftmaxBackward(TileLangRowsBackward, SoftmaxBackwardInterface):
         moved = rank > 1 and dim != rank - 1
         if moved:  # the softmax dim last, as the forward's rows
             y, dy = y.movedim(dim, -1), dy.movedim(dim, -1)
-        rows = aligned(y.contiguous().view(-1, n))
-        dy_rows = aligned(dy.contiguous().view(-1, n))
+        rows, dy_rows = as_rows(y, n), as_rows(dy, n)
+        if not all_aligned(rows, dy_rows):
+            rows, dy_rows = aligned(rows), aligned(dy_rows)
         dx = torch.empty_like(rows)
         if rows.shape[0]:
             self.launch(rows, dy_rows, dx)
-        dx = dx.view(y.shape)
+        dx = dx if rows is y else dx.view(y.shape)
         return (dx.movedim(-1, dim) if moved else dx,)

@@ -13,6 +13,7 @@ from ...backward import BackwardCall, BackwardInterface, Tensors
 from ...callspec import CallSpec
 from ...kernel import Build, Kernel, KernelInterface
 from ...op import Op
+from ...registry import REGISTRY
 from ...signature import BoundCall, Input, Output, Signature
 from .._common import ReferenceKernel, bool_param, sample_case
 
@@ -66,6 +67,7 @@ class GemmReference(ReferenceKernel, GemmInterface):
     are accumulated in float32, the bias added and the sum rounded once."""
 
     build_fields = ("trans_a", "trans_b")
+    torch_native = True
 
     def __init__(self, trans_a: bool, trans_b: bool) -> None:
         self.trans_a, self.trans_b = trans_a, trans_b
@@ -123,7 +125,8 @@ class GemmBackward(Kernel, BackwardInterface):
 
     @classmethod
     def entry_for(cls, call: BackwardCall) -> tuple[Hashable, Build]:
-        identity = (call.params, call.needs)
+        # the ops it builds select under the registrations of now: a generation's own entry
+        identity = (call.params, call.needs, REGISTRY.generation)
         return identity, lambda: cls(dict(call.params), call.needs)
 
     def __init__(self, params: dict[str, Any], needs: tuple[bool, ...]) -> None:
@@ -217,11 +220,7 @@ class GemmOp(Op):
     def lane_for(self, call: BoundCall) -> Callable[..., torch.Tensor] | None:
         """Contiguous operands in the declared layout, as `forward` hands them over; calls
         with other strides take `forward`."""
-        a, b, *rest = call.tensors
-        if not (a.is_contiguous() and b.is_contiguous()):
-            return None
-        spec = _gemm_call(a, b, bool(rest) and rest[0] is not None, self.trans_a, self.trans_b)
-        kernel, forward = self._hits.get(("gemm", spec)), self.forward
+        kernel, forward = self._served(call), self.forward
         if kernel is None:
             return None
 
@@ -231,6 +230,26 @@ class GemmOp(Op):
             return kernel(a, b, None if bias is None else bias.contiguous())
 
         return lane
+
+    def native_lane_for(self, call: BoundCall) -> Callable[..., torch.Tensor] | None:
+        """torch.mm / torch.addmm under torch's autograd (what `F.linear` records), for
+        contiguous operands served by a `torch_native` kernel (cuBLAS)."""
+        if not getattr(self._served(call), "torch_native", False):
+            return None
+        product = self.reference_forward
+
+        def lane(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> Any:
+            return product(a, b, bias) if a.is_contiguous() and b.is_contiguous() else None
+
+        return lane
+
+    def _served(self, call: BoundCall) -> Callable[..., torch.Tensor] | None:
+        """The entry serving `call`'s contiguous operands from the hit cache, or None."""
+        a, b, *rest = call.tensors
+        if not (a.is_contiguous() and b.is_contiguous()):
+            return None
+        spec = _gemm_call(a, b, bool(rest) and rest[0] is not None, self.trans_a, self.trans_b)
+        return self._hits.get(("gemm", spec))
 
     def reference_forward(
         self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 Tensor = torch.Tensor
 STATS = ("running_mean", "running_var")
+_cudnn_enabled = torch._C._get_cudnn_enabled
 PER_CHANNEL = ("weight", "bias", *STATS)
 
 
@@ -375,26 +376,7 @@ class BatchNormFwdOp(Op):
         if batch * spatial == 0:  # nothing to normalize: torch leaves the running stats alone
             return torch.empty_like(x)  # x's strides, as F.batch_norm's empty output
         last = _memory_format(x) is not torch.contiguous_format
-        per_channel = weight, bias, running_mean, running_var
-        dtypes = [t if t is None else t.dtype for t in per_channel]
-        key = (x.shape, x.dtype, x.device, last, *dtypes)
-        call = self._calls.get(key)  # a layer's calls repeat: build its call spec once
-        if call is None:
-            call = BatchNormCall(
-                device=x.device,
-                batch=batch,
-                channels=channels,
-                spatial=spatial,
-                eps=self.eps,
-                momentum=self.momentum,
-                dtype=x.dtype,
-                has_weight=weight is not None,
-                has_bias=bias is not None,
-                has_running_stats=running_mean is not None,
-                param_dtype=param_dtype(*per_channel),
-                channels_last=last,
-            )
-            remember(self._calls, key, call, 64)  # bounded: a layer fed ever-new shapes
+        call = self._spec(x, (weight, bias, running_mean, running_var), last)
         if last:  # (batch, *spatial, channels) in memory: a free view
             x3 = x.movedim(1, -1).view(batch, spatial, channels)
         else:
@@ -406,6 +388,50 @@ class BatchNormFwdOp(Op):
             return like(y, x)
         with torch._C._AutoDispatchBelowADInplaceOrView():  # no view to autograd (see like())
             return y.view(batch, *x.shape[2:], channels).movedim(-1, 1)
+
+    def _spec(self, x: Tensor, per_channel: tuple[Tensor | None, ...], last: bool) -> BatchNormCall:
+        """The call spec of x and its per-channel tensors: a layer's calls repeat, so each is
+        built once."""
+        dtypes = [t if t is None else t.dtype for t in per_channel]
+        key = (x.shape, x.dtype, x.device, last, *dtypes)
+        call = self._calls.get(key)
+        if call is None:
+            call = BatchNormCall(
+                device=x.device,
+                batch=x.shape[0],
+                channels=x.shape[1],
+                spatial=math.prod(x.shape[2:]),
+                eps=self.eps,
+                momentum=self.momentum,
+                dtype=x.dtype,
+                has_weight=per_channel[0] is not None,
+                has_bias=per_channel[1] is not None,
+                has_running_stats=per_channel[2] is not None,
+                param_dtype=param_dtype(*per_channel),
+                channels_last=last,
+            )
+            remember(self._calls, key, call, 64)  # bounded: a layer fed ever-new shapes
+        return call
+
+    def native_lane_for(self, call: BoundCall) -> Callable[..., Tensor] | None:
+        """torch.batch_norm under torch's autograd (what `F.batch_norm` records: cuDNN's or
+        ATen's node, the running stats updated by it), for x in the memory format of `call`'s
+        x, where a `torch_native` kernel (cuDNN) serves that layout."""
+        x, *per_channel = call.tensors
+        layout = _memory_format(x)
+        spec = self._spec(x, tuple(per_channel), layout is not torch.contiguous_format)
+        if not getattr(self._hits.get((self._interface, spec)), "torch_native", False):
+            return None
+        training, momentum, eps = self.training, self.momentum, self.eps
+
+        def lane(x: Tensor, *per_channel: Tensor | None) -> Tensor | None:
+            if _memory_format(x) is not layout:  # another spec: its kernel may not be native
+                return None
+            weight, bias, mean, var = per_channel
+            cudnn = _cudnn_enabled()
+            return torch.batch_norm(x, weight, bias, mean, var, training, momentum, eps, cudnn)
+
+        return lane
 
     def outputs_for(self, tensors: tuple[Tensor | None, ...]) -> list[Tensor]:
         """What tracing sees: the output keeps x's channels_last format, as the op's does."""

@@ -1,0 +1,168 @@
+"""Native lanes (`Op.native_lane_for`): once an autograd call of an input layout ran as the op's
+node on a kernel that declares `torch_native` (cuBLAS, cuDNN; on the CPU the GEMM reference),
+later autograd calls of that layout run torch's own function under torch's autograd: torch's
+nodes and backward, no node of the op's. Other kernels, other strides, pins and records keep
+the op's node; the op's checks still run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_lanes import Doubling
+
+import tileops
+import tileops.nn as tnn
+from tileops.backend import register_kernel_type
+from tileops.errors import KernelDeclarationError, OpInputError
+from tileops.kernel import Kernel
+from tileops.ops import BatchNormFwdOp, BatchNormTrainInterface, GemmOp
+
+F64 = torch.float64
+
+
+def _node(t: torch.Tensor) -> str:
+    return type(t.grad_fn).__name__
+
+
+def _leaf(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, dtype=F64, requires_grad=True)
+
+
+def _gradients(fn, *inputs: torch.Tensor) -> tuple:
+    out = fn(*inputs)
+    dy = torch.randn_like(out)
+    return out, torch.autograd.grad(out, inputs, dy)
+
+
+def test_a_layout_served_by_a_torch_native_kernel_records_torch_nodes_from_its_second_call():
+    op, w, bias = GemmOp(trans_b=True), _leaf(5, 4), _leaf(5)
+    first = op(_leaf(3, 4), w, bias)
+    x = _leaf(3, 4)
+    second = op(x, w, bias)
+    assert _node(first) == "_EagerOpBackward" and _node(second) == "AddmmBackward0"
+    torch.manual_seed(1)
+    got = _gradients(lambda x, w, b: op(x, w, b), x, w, bias)
+    torch.manual_seed(1)
+    want = _gradients(F.linear, x, w, bias)
+    torch.testing.assert_close(got, want)
+    assert _node(op(x, w)) == "_EagerOpBackward"  # without bias: another layout, its own lane
+    assert _node(op(x, w)) == "MmBackward0"
+
+
+def test_a_kernel_not_declared_torch_native_keeps_the_ops_node(isolated):
+    register_kernel_type(GemmOp, "doubling", Doubling)
+    op, a, b = GemmOp(), _leaf(2, 3), _leaf(3, 4)
+    for _ in range(3):
+        y = op(a, b)
+    assert _node(y) == "_EagerOpBackward"
+    (da,) = torch.autograd.grad(y.sum(), a)
+    torch.testing.assert_close(da, 2 * torch.ones(2, 4, dtype=F64) @ b.t())  # d(2ab)/da
+
+
+def test_strided_operands_pins_and_records_take_the_ops_node():
+    op, a, b = GemmOp(), _leaf(4, 6), _leaf(6, 5)
+    op(a, b), op(a, b)
+    strided = _leaf(6, 4).t()  # a's shape, not contiguous: the lane steps aside
+    y = op(strided, b)
+    assert _node(y) == "_EagerOpBackward"
+    ones = torch.ones(4, 5, dtype=F64)
+    torch.testing.assert_close(torch.autograd.grad(y.sum(), b)[0], strided.detach().t() @ ones)
+    with tileops.pinned(GemmOp, "gemm", "reference"):
+        assert _node(op(a, b)) == "_EagerOpBackward"
+    with tileops.record() as record:
+        assert _node(op(a, b)) == "_EagerOpBackward"
+    assert sum(record.counts.values()) == 1
+    assert _node(op(a, b)) == "MmBackward0"
+
+
+def test_linear_trains_through_torch_nodes_and_matches_torch():
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(8, 6, dtype=F64)
+    mod = tnn.Linear(8, 6, dtype=F64)
+    mod.load_state_dict(ref.state_dict())
+    for _ in range(3):
+        x = torch.randn(2, 5, 8, dtype=F64)
+        for m in (ref, mod):
+            m.zero_grad()
+            m(x).square().sum().backward()
+        torch.testing.assert_close(mod.weight.grad, ref.weight.grad)
+        torch.testing.assert_close(mod.bias.grad, ref.bias.grad)
+    assert _node(mod(x)) == "ViewBackward0"  # the view of torch's addmm output
+
+
+class NativeBatchNorm(Kernel, BatchNormTrainInterface):
+    """A CPU training kernel computing F.batch_norm on the interface's layout (channels_last
+    too), declared torch_native as cuDNN's is."""
+
+    devices = {"cpu"}
+    channels_last = True
+    torch_native = True
+    served: list = []
+
+    def __init__(self, call):
+        self.call = call
+
+    def forward(self, x, weight, bias, running_mean, running_var):
+        NativeBatchNorm.served.append(x.shape)
+        x = x.transpose(1, 2) if self.call.channels_last else x
+        stats, call = (running_mean, running_var), self.call
+        y = F.batch_norm(x, *stats, weight, bias, True, call.momentum, call.eps)
+        return y.transpose(1, 2).contiguous() if call.channels_last else y
+
+
+@pytest.fixture
+def native_batch_norm(isolated):
+    register_kernel_type(BatchNormFwdOp, "native", NativeBatchNorm)
+    NativeBatchNorm.served = []
+
+
+def _batch_norm_inputs(memory_format=torch.contiguous_format):
+    x = torch.randn(4, 3, 5, 2, dtype=F64).to(memory_format=memory_format).requires_grad_()
+    return x, _leaf(3), _leaf(3)
+
+
+def test_batch_norm_served_natively_matches_torch_with_its_running_stats(native_batch_norm):
+    op = BatchNormFwdOp(3, momentum=0.2)
+    stats = torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64)
+    want_stats = tuple(t.clone() for t in stats)
+    for step in range(3):
+        x, w, b = _batch_norm_inputs(torch.channels_last)
+        y = op(x, w, b, *stats)
+        want = F.batch_norm(x, *want_stats, w, b, True, 0.2, 1e-5)
+        torch.testing.assert_close(y, want)
+        dy = torch.randn_like(y)
+        torch.testing.assert_close(
+            torch.autograd.grad(y, (x, w, b), dy), torch.autograd.grad(want, (x, w, b), dy)
+        )
+        torch.testing.assert_close(stats, want_stats)
+        assert y.is_contiguous(memory_format=torch.channels_last)
+        assert _node(y) == ("_EagerOpBackward" if step == 0 else "NativeBatchNormBackward0")
+    assert len(NativeBatchNorm.served) == 1  # the kernel ran once, as the op's node
+
+
+def test_batch_norm_in_another_memory_format_takes_the_ops_node(native_batch_norm):
+    op = BatchNormFwdOp(3)
+    op(*_batch_norm_inputs(torch.channels_last)), op(*_batch_norm_inputs(torch.channels_last))
+    y = op(*_batch_norm_inputs())  # same shapes, contiguous: the lane steps aside
+    assert _node(y) == "_EagerOpBackward" and y.is_contiguous()
+    assert [s[1:] for s in NativeBatchNorm.served] == [(10, 3), (3, 10)]
+
+
+def test_the_ops_checks_still_run_on_a_native_lane(native_batch_norm, monkeypatch):
+    op = BatchNormFwdOp(3)
+    op(*_batch_norm_inputs()), op(*_batch_norm_inputs())
+
+    def refusing(self, call):
+        raise OpInputError("checked")
+
+    monkeypatch.setattr(BatchNormFwdOp, "check", refusing)
+    with pytest.raises(OpInputError, match="checked"):
+        op(*_batch_norm_inputs())
+
+
+def test_torch_native_must_be_a_bool():
+    with pytest.raises(KernelDeclarationError, match="torch_native must be True or False"):
+
+        class Bad(Kernel, BatchNormTrainInterface):
+            torch_native = "yes"
