@@ -141,12 +141,23 @@ def test_batch_norm_served_natively_matches_torch_with_its_running_stats(native_
     assert len(NativeBatchNorm.served) == 1  # the kernel ran once, as the op's node
 
 
-def test_batch_norm_in_another_memory_format_takes_the_ops_node(native_batch_norm):
+class PlainBatchNorm(NativeBatchNorm):
+    """The same computation, not declared torch_native, for (batch, channels, spatial) x only
+    (as the TileLang kernels), preferred where both serve."""
+
+    channels_last = False
+    torch_native = False
+    preferred_over = {"native"}
+
+
+def test_each_memory_format_keeps_a_lane_of_its_own(native_batch_norm):
+    register_kernel_type(BatchNormFwdOp, "plain", PlainBatchNorm)
     op = BatchNormFwdOp(3)
-    op(*_batch_norm_inputs(torch.channels_last)), op(*_batch_norm_inputs(torch.channels_last))
-    y = op(*_batch_norm_inputs())  # same shapes, contiguous: the lane steps aside
-    assert _node(y) == "_EagerOpBackward" and y.is_contiguous()
-    assert [s[1:] for s in NativeBatchNorm.served] == [(10, 3), (3, 10)]
+    nodes = [_node(op(*_batch_norm_inputs())) for _ in range(2)]  # "plain": the op's node
+    nodes += [_node(op(*_batch_norm_inputs(torch.channels_last))) for _ in range(2)]
+    nodes.append(_node(op(*_batch_norm_inputs())))
+    assert nodes == ["_EagerOpBackward"] * 3 + ["NativeBatchNormBackward0", "_EagerOpBackward"]
+    assert [s[1:] for s in NativeBatchNorm.served] == [(3, 10), (3, 10), (10, 3), (3, 10)]
 
 
 def test_the_ops_checks_still_run_on_a_native_lane(native_batch_norm, monkeypatch):

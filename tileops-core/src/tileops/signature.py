@@ -58,6 +58,8 @@ class Input:
     (a copy would lose the update). Inputs that are not written may have any strides.
     `differentiable`: False where the op has no gradient for it (running stats); such an input,
     and every written one, must not require grad under autograd (as torch's ops refuse).
+    `strides_select`: the op's kernels are chosen by whether it is contiguous (BatchNorm's
+    channels_last x), so contiguous and other calls keep verdicts and lanes of their own.
     """
 
     name: str
@@ -68,6 +70,7 @@ class Input:
     contiguous: bool = False
     device: str | None = None  # "cpu": stays on the host whatever the call device
     differentiable: bool = True
+    strides_select: bool = False
     like: str | None = None
     """`like="x"`: same shape as input x, whatever its rank (leave `shape` out)."""
 
@@ -138,7 +141,12 @@ class Signature:
         self.same_dtype = same_dtype
         self.names = tuple(i.name for i in inputs)
         self._positions = {name: k for k, name in enumerate(self.names)}
-        self._must_stay_contiguous = tuple(i.written and i.contiguous for i in inputs)
+        # inputs whose contiguity the layout key holds: those that must stay so, and those
+        # whose strides select the kernel
+        self._keyed_contiguity = tuple(
+            (i.written and i.contiguous) or i.strides_select for i in inputs
+        )
+        self._facts_only = not any(self._keyed_contiguity)
         # what autograd needs per call, read once: positions of the inputs the op writes, of
         # those without a gradient (written or not differentiable), of outputs without one
         self.written_at = tuple(k for k, i in enumerate(inputs) if i.written)
@@ -208,17 +216,18 @@ class Signature:
         return BoundCall(values, *verdict)
 
     def _layout_key(self, values: tuple) -> tuple:
-        """What the checks' verdict depends on (the hot path): per input None, or its shape,
-        dtype, device, layout and requires_grad, read in C by one attrgetter; for an input
-        written in place, also whether it is contiguous."""
-        if not self.written_at:
+        """What the checks' verdict (and the lanes) depend on (the hot path): per input None,
+        or its shape, dtype, device, layout and requires_grad, read in C by one attrgetter; for
+        an input written in place or whose strides select the kernel, also whether it is
+        contiguous."""
+        if self._facts_only:
             try:
                 return tuple(map(_facts, values))
             except AttributeError:  # an input left out (None), or not a tensor
                 pass
         return tuple(
-            None if v is None else (*_facts(v), v.is_contiguous()) if written else _facts(v)
-            for v, written in zip(values, self._must_stay_contiguous, strict=True)
+            None if v is None else (*_facts(v), v.is_contiguous()) if keyed else _facts(v)
+            for v, keyed in zip(values, self._keyed_contiguity, strict=True)
         )
 
     def parse(self, op: str, args: tuple, kwargs: Mapping[str, Any]) -> tuple:

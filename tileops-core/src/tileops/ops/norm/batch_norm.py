@@ -259,7 +259,7 @@ def _signature(training: bool) -> Signature:
     beside 16-bit x (autocast keeps them float32); stats written in training, and never
     differentiated (F.batch_norm refuses running stats that require grad)."""
     per_channel, dtypes = ("num_features",), (f"{WIDENED}x",)
-    inputs = [Input("x", ("batch", "num_features", BATCH))]
+    inputs = [Input("x", ("batch", "num_features", BATCH), strides_select=True)]
     inputs += [Input(n, per_channel, dtypes=dtypes, optional=True) for n in ("weight", "bias")]
     inputs += [
         Input(
