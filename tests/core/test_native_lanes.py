@@ -177,3 +177,17 @@ def test_torch_native_must_be_a_bool():
 
         class Bad(Kernel, BatchNormTrainInterface):
             torch_native = "yes"
+
+
+def test_under_autocast_a_native_lane_checks_the_call_once(native_batch_norm, monkeypatch):
+    op, checked = BatchNormFwdOp(3), []
+    check = BatchNormFwdOp.check
+    monkeypatch.setattr(
+        BatchNormFwdOp, "check", lambda self, call: checked.append(check(self, call))
+    )
+    x, w, b = (t.float() for t in _batch_norm_inputs(torch.channels_last))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        op(x.detach().requires_grad_(), w, b), op(x.detach().requires_grad_(), w, b)
+        checked.clear()
+        y = op(x.detach().requires_grad_(), w, b)
+    assert _node(y) == "NativeBatchNormBackward0" and len(checked) == 1

@@ -60,7 +60,8 @@ class Op:
     _autocast_eagerly: ClassVar[Callable[..., Any]]
     """`op._autocast_eagerly(tensors, checked)`: an eager call under autocast (eager.py)."""
     _autograd_eagerly: ClassVar[Callable[..., Any]]
-    """`op._autograd_eagerly(call)`: an eager call as one autograd node (eager.py)."""
+    """`op._autograd_eagerly(call, checked=False)`: an eager call as one autograd node
+    (eager.py); `checked`: the op's checks ran on `call` already."""
     _backward_through_operator: ClassVar[Callable[..., Any]]
     """`op._backward_through_operator(grads, inputs, outputs, needs)`: the gradients `needs`
     asks for, through the op's opaque backward operator (a traced backward calls it); library.py
@@ -290,11 +291,12 @@ class Op:
         self, tensors: tuple[torch.Tensor | None, ...], call: BoundCall | None = None
     ) -> Any:
         """`call_eager`, as one autograd node when an input needs a gradient: the eager
-        route once autocast has cast (eager.py). `call`: `tensors` bound already."""
+        route once autocast has cast (eager.py). `call`: `tensors` bound and checked already."""
+        checked = call is not None
         if call is None:
             call = self._bind(tensors)
         if call.requires_grad and torch.is_grad_enabled():
-            return self._autograd_eagerly(call)
+            return self._autograd_eagerly(call, checked)
         return self._execute(call)
 
     def reference_forward(self, *inputs: torch.Tensor | None) -> Any:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, itemgetter, methodcaller
 from typing import Any, NamedTuple
 
 import torch
@@ -105,6 +105,7 @@ class Output:
 
 
 _facts = attrgetter("shape", "dtype", "device", "layout", "requires_grad")
+_is_contiguous = methodcaller("is_contiguous")
 _new_bound_call = tuple.__new__  # skips the named tuple's Python-level __new__ on the hot path
 
 
@@ -146,7 +147,10 @@ class Signature:
         self._keyed_contiguity = tuple(
             (i.written and i.contiguous) or i.strides_select for i in inputs
         )
-        self._facts_only = not any(self._keyed_contiguity)
+        keyed_at = [k for k, keyed in enumerate(self._keyed_contiguity) if keyed]
+        self._facts_only = not keyed_at
+        self._keyed_inputs = itemgetter(*keyed_at, *keyed_at[:1]) if keyed_at else None
+        """The keyed inputs, and the first again (so a single one still comes as a tuple)."""
         # what autograd needs per call, read once: positions of the inputs the op writes, of
         # those without a gradient (written or not differentiable), of outputs without one
         self.written_at = tuple(k for k, i in enumerate(inputs) if i.written)
@@ -220,11 +224,13 @@ class Signature:
         or its shape, dtype, device, layout and requires_grad, read in C by one attrgetter; for
         an input written in place or whose strides select the kernel, also whether it is
         contiguous."""
-        if self._facts_only:
-            try:
-                return tuple(map(_facts, values))
-            except AttributeError:  # an input left out (None), or not a tensor
-                pass
+        try:
+            facts = tuple(map(_facts, values))
+            if self._facts_only:
+                return facts
+            return (*facts, *map(_is_contiguous, self._keyed_inputs(values)))
+        except AttributeError:  # an input left out (None), or not a tensor
+            pass
         return tuple(
             None if v is None else (*_facts(v), v.is_contiguous()) if keyed else _facts(v)
             for v, keyed in zip(values, self._keyed_contiguity, strict=True)
