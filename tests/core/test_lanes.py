@@ -138,3 +138,17 @@ def test_a_backward_built_under_a_withdrawn_kernel_does_not_keep_serving_it():
     (db,) = torch.autograd.grad(GemmOp()(a, b).sum(), b)
     torch.testing.assert_close(doubled, 2 * db)
     torch.testing.assert_close(db, a.detach().t() @ torch.ones(2, 4))
+
+
+def test_calls_leaving_out_different_inputs_keep_verdicts_and_lanes_of_their_own():
+    """The layout key skips inputs left out and says which: (x, w, None) and (x, None, b) of
+    one shape are two layouts."""
+    from tileops.ops import LayerNormFwdOp
+
+    op, x, t = LayerNormFwdOp(8), torch.randn(2, 8), torch.randn(8) + 2
+    keys = {op.signature._layout_key(v) for v in ((x, t, None), (x, None, t), (x, None, None))}
+    assert len(keys) == 3
+    for _ in range(2):
+        torch.testing.assert_close(op(x, t, None), torch.layer_norm(x, (8,), t, None))
+        torch.testing.assert_close(op(x, None, t), torch.layer_norm(x, (8,), None, t))
+        torch.testing.assert_close(op(x), torch.layer_norm(x, (8,)))

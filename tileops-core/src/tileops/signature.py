@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter, methodcaller
+from functools import partial
+from operator import attrgetter, is_not, itemgetter, methodcaller
 from typing import Any, NamedTuple
 
 import torch
@@ -106,6 +107,7 @@ class Output:
 
 _facts = attrgetter("shape", "dtype", "device", "layout", "requires_grad")
 _is_contiguous = methodcaller("is_contiguous")
+_given = partial(is_not, None)
 _new_bound_call = tuple.__new__  # skips the named tuple's Python-level __new__ on the hot path
 
 
@@ -225,11 +227,11 @@ class Signature:
         an input written in place or whose strides select the kernel, also whether it is
         contiguous."""
         try:
+            if self._facts_only:  # inputs left out (None) are skipped, and said where
+                return (*map(_facts, filter(_given, values)), *map(_given, values))
             facts = tuple(map(_facts, values))
-            if self._facts_only:
-                return facts
             return (*facts, *map(_is_contiguous, self._keyed_inputs(values)))
-        except AttributeError:  # an input left out (None), or not a tensor
+        except AttributeError:  # not a tensor, or an input left out beside keyed ones
             pass
         return tuple(
             None if v is None else (*_facts(v), v.is_contiguous()) if keyed else _facts(v)
