@@ -191,3 +191,21 @@ def test_under_autocast_a_native_lane_checks_the_call_once(native_batch_norm, mo
         checked.clear()
         y = op(x.detach().requires_grad_(), w, b)
     assert _node(y) == "NativeBatchNormBackward0" and len(checked) == 1
+
+
+def test_a_native_lane_serves_plain_calls_where_the_op_has_no_lane(native_batch_norm):
+    """BatchNorm keeps state, so it has no lane of its own: without autograd its calls of a
+    layout served natively run torch.batch_norm from the third, running stats updated."""
+    op = BatchNormFwdOp(3, momentum=0.3)
+    stats = torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64)
+    want_stats = tuple(t.clone() for t in stats)
+    with torch.no_grad():
+        for _ in range(3):
+            x, w, b = _batch_norm_inputs(torch.channels_last)
+            y = op(x, w, b, *stats)
+            torch.testing.assert_close(y, F.batch_norm(x, *want_stats, w, b, True, 0.3, 1e-5))
+            assert y.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(stats, want_stats)
+        assert len(NativeBatchNorm.served) == 2  # the first call settles the op's target
+        op(*_batch_norm_inputs(torch.channels_last)[:1])  # another layout: the kernel again
+    assert len(NativeBatchNorm.served) == 3

@@ -256,14 +256,16 @@ class Op:
 
     def _builtin(self, call: BoundCall) -> Any:
         """The op's own kernels on a checked call: its layout's lane, else `forward` (and the
-        lane made for the next calls of that layout)."""
+        lane made for the next calls of that layout: the op's own, else its native lane)."""
         held = call.lane[0]
         if held is not None and held[0] is self._hits and held[1] is not None:
-            return held[1](*call.tensors)
+            out = held[1](*call.tensors)
+            if out is not None:  # None: a native lane made for other strides
+                return out
         out = self.forward(*call.tensors)
         hits = self._hits  # a plain cache: no pin, record or simulation is active
         if type(hits) is dict and (held is None or held[0] is not hits):
-            call.lane[0] = (hits, self.lane_for(call))
+            call.lane[0] = (hits, self.lane_for(call) or self.native_lane_for(call))
         return out
 
     def lane_for(self, call: BoundCall) -> Callable[..., Any] | None:
@@ -275,11 +277,11 @@ class Op:
         return None
 
     def native_lane_for(self, call: BoundCall) -> Callable[..., Any] | None:
-        """torch's own differentiable function for the autograd calls of `call`'s input layout,
-        where the kernel that served it declares `torch_native` (made after one such call ran
-        as the op's autograd node): later calls run it under torch's autograd, with torch's
-        backward. The lane returns None for a call it was not made for (other strides), which
-        then takes the op's node. None: every autograd call takes the op's node."""
+        """torch's own differentiable function for the calls of `call`'s input layout, where
+        the kernel that served it declares `torch_native` (made after one such call ran):
+        later autograd calls run it under torch's autograd, with torch's backward, and plain
+        calls run it where the op has no `lane_for`. The lane returns None for a call it was
+        not made for (other strides), which then takes the op's own path. None: no lane."""
         return None
 
     def call_eager(self, tensors: tuple[torch.Tensor | None, ...]) -> Any:
