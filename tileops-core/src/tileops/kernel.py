@@ -65,7 +65,7 @@ class Kernel:
     through torch.batch_norm), and torch's backward of it is as fast as the op's backward
     kernels. Eager autograd calls this kernel serves then run that function under torch's
     autograd: torch's own nodes, no node or backward kernel of the op's (what eager torch
-    pays on the host)."""
+    pays on the host); so do plain calls of ops without a lane of their own."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -115,8 +115,8 @@ class BoundCall(NamedTuple):
     """One call after parsing and checking: inputs in signature order, the call device, the
     sizes the shape patterns bound, and whether every tensor the call writes is empty.
     A named tuple: one is made on every op call. `lane`: a two-item list every call of this
-    input layout shares, where the op keeps its lanes for them: the plain one (`Op.lane_for`)
-    and the autograd one (`Op.native_lane_for`)."""
+    input layout shares, where the op keeps its lanes for them: for plain calls
+    (`Op.lane_for`, else `Op.native_lane_for`) and for autograd calls (`Op.native_lane_for`)."""
 
     tensors: tuple[torch.Tensor | None, ...]
     device: torch.device
@@ -151,8 +151,8 @@ class Signature:
         )
         keyed_at = [k for k, keyed in enumerate(self._keyed_contiguity) if keyed]
         self._facts_only = not keyed_at
+        # the keyed inputs, and the first again (so a single one still comes as a tuple)
         self._keyed_inputs = itemgetter(*keyed_at, *keyed_at[:1]) if keyed_at else None
-        """The keyed inputs, and the first again (so a single one still comes as a tuple)."""
         # what autograd needs per call, read once: positions of the inputs the op writes, of
         # those without a gradient (written or not differentiable), of outputs without one
         self.written_at = tuple(k for k, i in enumerate(inputs) if i.written)
