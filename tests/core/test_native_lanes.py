@@ -1,8 +1,8 @@
-"""Native lanes (`Op.native_lane_for`): once an autograd call of an input layout ran as the op's
-node on a kernel that declares `torch_native` (cuBLAS, cuDNN; on the CPU the GEMM reference),
-later autograd calls of that layout run torch's own function under torch's autograd: torch's
-nodes and backward, no node of the op's. Other kernels, other strides, pins and records keep
-the op's node; the op's checks still run."""
+"""Native lanes (`Op.native_lane_for`): where the kernel serving an input layout declares
+`torch_native` (cuBLAS, cuDNN; on the CPU the GEMM reference), the autograd calls of that layout
+run torch's own function under torch's autograd from the first (decided before it runs, so a
+checkpoint's recompute takes the same path): torch's nodes and backward, no node of the op's.
+Other kernels, other strides, pins and records keep the op's node; the op's checks still run."""
 
 from __future__ import annotations
 
@@ -35,19 +35,22 @@ def _gradients(fn, *inputs: torch.Tensor) -> tuple:
     return out, torch.autograd.grad(out, inputs, dy)
 
 
-def test_a_layout_served_by_a_torch_native_kernel_records_torch_nodes_from_its_second_call():
-    op, w, bias = GemmOp(trans_b=True), _leaf(5, 4), _leaf(5)
-    first = op(_leaf(3, 4), w, bias)
-    x = _leaf(3, 4)
-    second = op(x, w, bias)
-    assert _node(first) == "_EagerOpBackward" and _node(second) == "AddmmBackward0"
+def test_a_layout_served_by_a_torch_native_kernel_records_torch_nodes_from_its_first_call():
+    op, w, bias, x = GemmOp(trans_b=True), _leaf(5, 4), _leaf(5), _leaf(3, 4)
+    assert _node(op(x, w, bias)) == "AddmmBackward0"
     torch.manual_seed(1)
     got = _gradients(lambda x, w, b: op(x, w, b), x, w, bias)
     torch.manual_seed(1)
     want = _gradients(F.linear, x, w, bias)
     torch.testing.assert_close(got, want)
-    assert _node(op(x, w)) == "_EagerOpBackward"  # without bias: another layout, its own lane
-    assert _node(op(x, w)) == "MmBackward0"
+    assert _node(op(x, w)) == "MmBackward0"  # without bias: another layout, its own lane
+
+
+def test_a_checkpointed_call_recomputes_on_the_path_its_forward_took():
+    op, w, x = GemmOp(trans_b=True), _leaf(5, 4), _leaf(7, 4)  # a layout not seen before
+    y = torch.utils.checkpoint.checkpoint(lambda x: op(x, w), x, use_reentrant=False)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones(7, 5, dtype=F64) @ w.detach())
 
 
 def test_a_kernel_not_declared_torch_native_keeps_the_ops_node(isolated):
@@ -126,7 +129,7 @@ def test_batch_norm_served_natively_matches_torch_with_its_running_stats(native_
     op = BatchNormFwdOp(3, momentum=0.2)
     stats = torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64)
     want_stats = tuple(t.clone() for t in stats)
-    for step in range(3):
+    for _ in range(3):
         x, w, b = _batch_norm_inputs(torch.channels_last)
         y = op(x, w, b, *stats)
         want = F.batch_norm(x, *want_stats, w, b, True, 0.2, 1e-5)
@@ -137,8 +140,8 @@ def test_batch_norm_served_natively_matches_torch_with_its_running_stats(native_
         )
         torch.testing.assert_close(stats, want_stats)
         assert y.is_contiguous(memory_format=torch.channels_last)
-        assert _node(y) == ("_EagerOpBackward" if step == 0 else "NativeBatchNormBackward0")
-    assert len(NativeBatchNorm.served) == 1  # the kernel ran once, as the op's node
+        assert _node(y) == "NativeBatchNormBackward0"
+    assert NativeBatchNorm.served == []  # selected, never run
 
 
 class PlainBatchNorm(NativeBatchNorm):
@@ -156,8 +159,9 @@ def test_each_memory_format_keeps_a_lane_of_its_own(native_batch_norm):
     nodes = [_node(op(*_batch_norm_inputs())) for _ in range(2)]  # "plain": the op's node
     nodes += [_node(op(*_batch_norm_inputs(torch.channels_last))) for _ in range(2)]
     nodes.append(_node(op(*_batch_norm_inputs())))
-    assert nodes == ["_EagerOpBackward"] * 3 + ["NativeBatchNormBackward0", "_EagerOpBackward"]
-    assert [s[1:] for s in NativeBatchNorm.served] == [(3, 10), (3, 10), (10, 3), (3, 10)]
+    native = "NativeBatchNormBackward0"
+    assert nodes == ["_EagerOpBackward"] * 2 + [native] * 2 + ["_EagerOpBackward"]
+    assert [s[1:] for s in NativeBatchNorm.served] == [(3, 10)] * 3
 
 
 def test_the_ops_checks_still_run_on_a_native_lane(native_batch_norm, monkeypatch):

@@ -169,9 +169,9 @@ def test_linear_backward_matches_float64(rows):
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["bf16", "autocast"])
-def test_channels_last_batch_norm_trains_through_torchs_own_nodes_from_its_second_call(autocast):
-    """cuDNN serves channels_last training: after the first call (the op's node), a module's
-    calls run torch.batch_norm under torch's autograd; the step matches torch's module."""
+def test_channels_last_batch_norm_trains_through_torchs_own_nodes(autocast):
+    """cuDNN serves channels_last training: a module's calls run torch.batch_norm under
+    torch's autograd (no node of the op's); the steps match torch's module."""
     x = torch.randn(8, 64, 14, 14, device="cuda", dtype=torch.bfloat16) * 2 + 0.5
     x = x.to(memory_format=torch.channels_last)
     ref = torch.nn.BatchNorm2d(64, device="cuda")
@@ -191,16 +191,15 @@ def test_channels_last_batch_norm_trains_through_torchs_own_nodes_from_its_secon
         nodes.append(type(y.grad_fn).__name__)
         for got, want in zip(grads[1], grads[0], strict=True):
             assert rel_err(got, want) < TOLERANCE[torch.bfloat16]
-    assert nodes[0] == "_EagerOpBackward" and nodes[1] == nodes[2] != "_EagerOpBackward"
+    assert "_EagerOpBackward" not in nodes and len(set(nodes)) == 1
     assert rel_err(mod.running_mean, ref.running_mean) < 1e-3
     assert rel_err(mod.running_var, ref.running_var) < 1e-3
 
 
-def test_linear_trains_through_cublas_nodes_from_its_second_call():
+def test_linear_trains_through_cublas_nodes():
     linear = tnn.Linear(1024, 4096, device="cuda", dtype=torch.bfloat16)
     x = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    nodes = [type(linear(x).grad_fn).__name__ for _ in range(2)]
-    assert nodes == ["_EagerOpBackward", "AddmmBackward0"]
+    assert type(linear(x).grad_fn).__name__ == "AddmmBackward0"
     dy = torch.randn(512, 4096, device="cuda", dtype=torch.bfloat16)
     got = torch.autograd.grad(linear(x), (x, linear.weight, linear.bias), dy)
     wide = [t.detach().double().requires_grad_() for t in (x, linear.weight, linear.bias)]

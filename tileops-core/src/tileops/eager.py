@@ -21,7 +21,6 @@ from .autocast import castable
 from .backward import backward_of, run_keeping_state
 from .errors import OpInputError, add_note
 from .op import Op
-from .registry import BUILTIN
 from .scope import SCOPE, SCOPES
 from .signature import dtype_name
 
@@ -145,9 +144,15 @@ def _device_type(tensors: tuple) -> str | None:
 def autograd_eagerly(op: Op, call: BoundCall, checked: bool = False) -> Any:
     """The call as one autograd node, whose backward is the op's "backward" interface; or,
     where the kernel serving the layout is torch's own function (`Op.native_lane_for`), that
-    function under torch's autograd."""
-    held = call.lane[1]
-    if held is not None and held[0] is op._hits and held[1] is not None and not _functorch_active():
+    function under torch's autograd. `checked`: the op's checks ran on `call` already."""
+    held, hits = call.lane[1], op._hits
+    if held is None or held[0] is not hits:  # the layout's first call: checked, then decided
+        if op._checks and not checked:
+            op.check(call)
+            checked = True
+        refuse_gradients_it_lacks(op, call.tensors)
+        held = _native_lane(op, call, hits)
+    if held[1] is not None and not _functorch_active():
         if op._checks and not checked:
             op.check(call)
         out = held[1](*call.tensors)
@@ -158,12 +163,21 @@ def autograd_eagerly(op: Op, call: BoundCall, checked: bool = False) -> Any:
         return _EagerOp.apply(op, call, *call.tensors)
     # Function.apply less its Python wrapper (a third of its host time), which unwraps tensors
     # a finished transform left behind: the dispatcher takes those as they are
-    out = _apply(op, call, *call.tensors)
-    hits = op._hits  # a plain cache: no pin, record or simulation is active
-    fresh = held is None or held[0] is not hits
-    if fresh and type(hits) is dict and op._settled is BUILTIN and not call.written_empty:
-        call.lane[1] = (hits, op.native_lane_for(call))
-    return out
+    return _apply(op, call, *call.tensors)
+
+
+_NO_LANE = (None, None)
+
+
+def _native_lane(op: Op, call: BoundCall, hits: Any) -> tuple:
+    """(hits, the layout's native lane or None), decided before the layout's first call runs,
+    so every call of it takes one path (a checkpointed region's recompute saves what its
+    forward saved); kept while the op reads its plain cache (no pin, record or simulation)."""
+    if type(hits) is not dict or not op.runs_builtin(call.device):
+        return _NO_LANE
+    held = (hits, None if call.written_empty else op.native_lane_for(call))
+    call.lane[1] = held
+    return held
 
 
 class _EagerOp(torch.autograd.Function):

@@ -278,10 +278,11 @@ class Op:
 
     def native_lane_for(self, call: BoundCall) -> Callable[..., Any] | None:
         """torch's own differentiable function for the calls of `call`'s input layout, where
-        the kernel that served it declares `torch_native` (made after one such call ran):
-        later autograd calls run it under torch's autograd, with torch's backward, and plain
-        calls run it where the op has no `lane_for`. The lane returns None for a call it was
-        not made for (other strides), which then takes the op's own path. None: no lane."""
+        the kernel serving it (selected now if need be) declares `torch_native`: autograd
+        calls run it under torch's autograd from the layout's first, with torch's backward,
+        and plain calls from their second where the op has no `lane_for`. The lane returns
+        None for a call it was not made for (other strides), which then takes the op's own
+        path. None: no lane."""
         return None
 
     def call_eager(self, tensors: tuple[torch.Tensor | None, ...]) -> Any:
@@ -400,6 +401,15 @@ class Op:
             )
         entries = list(self._table.shared.entries.items())
         return MappingProxyType({(c, i): e for (f, c, i), e in entries if f == interface})
+
+    def runs_builtin(self, device: torch.device) -> bool:
+        """Whether the op runs its own kernels (no target) on `device`: settled so, or
+        settling so now (a target settles only once its first call ran)."""
+        if self._settled is None and choose_target(self, device) is BUILTIN:
+            with self._settle_lock:
+                if self._settled is None:
+                    self._settled = BUILTIN
+        return self._settled is BUILTIN
 
     def _first_call(self, call: BoundCall) -> Any:
         with self._settle_lock:

@@ -234,7 +234,7 @@ class GemmOp(Op):
     def native_lane_for(self, call: BoundCall) -> Callable[..., torch.Tensor] | None:
         """torch.mm / torch.addmm under torch's autograd (what `F.linear` records), for
         contiguous operands served by a `torch_native` kernel (cuBLAS)."""
-        if not getattr(self._served(call), "torch_native", False):
+        if not getattr(self._served(call, select=True), "torch_native", False):
             return None
         product = self.reference_forward
 
@@ -243,13 +243,16 @@ class GemmOp(Op):
 
         return lane
 
-    def _served(self, call: BoundCall) -> Callable[..., torch.Tensor] | None:
-        """The entry serving `call`'s contiguous operands from the hit cache, or None."""
+    def _served(self, call: BoundCall, select: bool = False) -> Callable[..., torch.Tensor] | None:
+        """The entry serving `call`'s contiguous operands: from the hit cache, or with `select`
+        selected now; None for other operands and for calls no kernel sees (m or n 0)."""
         a, b, *rest = call.tensors
         if not (a.is_contiguous() and b.is_contiguous()):
             return None
         spec = _gemm_call(a, b, bool(rest) and rest[0] is not None, self.trans_a, self.trans_b)
-        return self._hits.get(("gemm", spec))
+        if not select:
+            return self._hits.get(("gemm", spec))
+        return self.kernel_for("gemm", spec) if spec.m and spec.n else None
 
     def reference_forward(
         self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None

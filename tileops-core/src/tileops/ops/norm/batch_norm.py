@@ -418,9 +418,11 @@ class BatchNormFwdOp(Op):
         ATen's node, the running stats updated by it), for x in the memory format of `call`'s
         x, where a `torch_native` kernel (cuDNN) serves that layout."""
         x, *per_channel = call.tensors
+        if x.shape[0] * math.prod(x.shape[2:]) == 0:  # no kernel sees it
+            return None
         layout = _memory_format(x)
         spec = self._spec(x, tuple(per_channel), layout is not torch.contiguous_format)
-        if not getattr(self._hits.get((self._interface, spec)), "torch_native", False):
+        if not getattr(self.kernel_for(self._interface, spec), "torch_native", False):
             return None
         training, momentum, eps = self.training, self.momentum, self.eps
 
