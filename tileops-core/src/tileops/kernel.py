@@ -65,7 +65,9 @@ class Kernel:
     through torch.batch_norm), and torch's backward of it is as fast as the op's backward
     kernels. Eager autograd calls this kernel serves then run that function under torch's
     autograd: torch's own nodes, no node or backward kernel of the op's (what eager torch
-    pays on the host); so do plain calls of ops without a lane of their own."""
+    pays on the host); so do plain calls of ops without a lane of their own. On a backward
+    kernel: it computes torch's own backward, so native lanes may pass over it; an op with
+    any other backward kernel that is not general (a backend's) takes no native lane."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -65,6 +65,11 @@ class KernelTable:
         self.outranks = {
             name: self._outranking(name, cands) for name, cands in self.candidates.items()
         }
+        # whether every backward kernel is the op's general one or torch's own backward: then
+        # a native lane (torch's forward, torch's backward) passes over none a backend added
+        self.torch_backward = all(
+            c.cls.general or c.cls.torch_native for c in self.candidates.get("backward", ())
+        )
         # Selections per determinism mode (torch.use_deterministic_algorithms off / on):
         # (hits, keys), each keyed by (interface, call).
         self.modes: dict[bool, tuple[dict, dict]] = {False: ({}, {}), True: ({}, {})}

@@ -32,6 +32,7 @@ class BatchNormBackwardNative(Kernel, BackwardInterface):
 
     supported_archs = AMPERE_AND_LATER
     takes_state = True
+    torch_native = True  # torch's own backward: native lanes may pass over it
 
     @classmethod
     def refusal(cls, call: BackwardCall) -> str | None:
