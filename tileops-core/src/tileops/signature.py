@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
-from operator import attrgetter, is_not, itemgetter, methodcaller
+from operator import attrgetter, is_not, methodcaller
 from typing import Any, NamedTuple
 
 import torch
@@ -149,10 +149,7 @@ class Signature:
         self._keyed_contiguity = tuple(
             (i.written and i.contiguous) or i.strides_select for i in inputs
         )
-        keyed_at = [k for k, keyed in enumerate(self._keyed_contiguity) if keyed]
-        self._facts_only = not keyed_at
-        # the keyed inputs, and the first again (so a single one still comes as a tuple)
-        self._keyed_inputs = itemgetter(*keyed_at, *keyed_at[:1]) if keyed_at else None
+        self._keyed_at = tuple(k for k, keyed in enumerate(self._keyed_contiguity) if keyed)
         # what autograd needs per call, read once: positions of the inputs the op writes, of
         # those without a gradient (written or not differentiable), of outputs without one
         self.written_at = tuple(k for k, i in enumerate(inputs) if i.written)
@@ -227,10 +224,10 @@ class Signature:
         an input written in place or whose strides select the kernel, also whether it is
         contiguous."""
         try:
-            if self._facts_only:  # inputs left out (None) are skipped, and said where
+            if not self._keyed_at:  # inputs left out (None) are skipped, and said where
                 return (*map(_facts, filter(_given, values)), *map(_given, values))
-            facts = tuple(map(_facts, values))
-            return (*facts, *map(_is_contiguous, self._keyed_inputs(values)))
+            keyed = map(values.__getitem__, self._keyed_at)
+            return (*map(_facts, values), *map(_is_contiguous, keyed))
         except AttributeError:  # not a tensor, or an input left out beside keyed ones
             pass
         return tuple(
