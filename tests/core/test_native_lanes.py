@@ -16,7 +16,14 @@ import tileops.nn as tnn
 from tileops.backend import register_kernel_type
 from tileops.errors import KernelDeclarationError, OpInputError
 from tileops.kernel import Kernel
-from tileops.ops import BatchNormFwdOp, BatchNormTrainInterface, GemmOp
+from tileops.ops import (
+    BatchNormFwdOp,
+    BatchNormTrainInterface,
+    GemmOp,
+    LayerNormFwdOp,
+    LayerNormInterface,
+)
+from tileops.ops.norm.layer_norm import LayerNormRecompute
 
 F64 = torch.float64
 
@@ -213,3 +220,77 @@ def test_a_native_lane_serves_plain_calls_where_the_op_has_no_lane(native_batch_
         assert len(NativeBatchNorm.served) == 2  # the first call settles the op's target
         op(*_batch_norm_inputs(torch.channels_last)[:1])  # another layout: the kernel again
     assert len(NativeBatchNorm.served) == 3
+
+
+# -- row norms: the lane weighs each autograd call's size (`Op.weighs_backward`) ---------------
+
+
+class SmallRowsLayerNorm(Kernel, LayerNormInterface):
+    """A CPU LayerNorm declared torch_native that serves autograd calls of at most 8 rows, as
+    ATen's serves the sizes where the op's node measured slower."""
+
+    devices = {"cpu"}
+    torch_native = True
+    asked: list = []
+
+    @classmethod
+    def refusal(cls, call):
+        cls.asked.append((call.grad, call.rows))
+        if not call.grad or call.rows > 8:
+            return "plain calls and more than 8 rows are the reference's"
+        return None
+
+    def __init__(self, call):
+        self.eps = call.eps
+
+    def forward(self, x, weight, bias):
+        return F.layer_norm(x, x.shape[-1:], weight, bias, self.eps)
+
+
+class OwnLayerNormBackward(LayerNormRecompute):
+    """A backend's backward kernel (not general, not torch's): it leaves native lanes on for
+    an op whose forward selection weighs the backward."""
+
+    general = False
+    preferred_over = frozenset({"reference_backward"})
+
+
+@pytest.fixture
+def small_rows_layer_norm(isolated):
+    register_kernel_type(LayerNormFwdOp, "small_rows", SmallRowsLayerNorm)
+    register_kernel_type(LayerNormFwdOp, "own_backward", OwnLayerNormBackward)
+    SmallRowsLayerNorm.asked = []
+
+
+def _layer_norm_inputs(rows):
+    return _leaf(rows, 6), _leaf(6), _leaf(6)
+
+
+def test_autograd_row_norm_calls_take_torch_where_their_size_is_served_natively(
+    small_rows_layer_norm,
+):
+    op = LayerNormFwdOp(6)
+    torch_layer_norm = lambda x, w, b: F.layer_norm(x, (6,), w, b)  # noqa: E731
+    for _ in range(2):  # the layout's first call, then its lane
+        for rows, node in ((3, "NativeLayerNormBackward0"), (8, "NativeLayerNormBackward0"),
+                           (9, "_EagerOpBackward")):  # 9 rows: 16 as a power of two  # fmt: skip
+            x, w, b = _layer_norm_inputs(rows)
+            assert _node(op(x, w, b)) == node
+            torch.manual_seed(2)
+            got = _gradients(op, x, w, b)
+            torch.manual_seed(2)
+            torch.testing.assert_close(got, _gradients(torch_layer_norm, x, w, b))
+
+
+def test_a_row_norm_lane_selects_each_size_once_and_leaves_plain_calls_to_the_op(
+    small_rows_layer_norm,
+):
+    op = LayerNormFwdOp(6)
+    for _ in range(3):
+        assert _node(op(*_layer_norm_inputs(3))) == "NativeLayerNormBackward0"
+        x, w, b = _layer_norm_inputs(3)
+        with torch.no_grad():
+            y = op(x, w, b)
+        assert y.grad_fn is None
+        torch.testing.assert_close(y, F.layer_norm(x, (6,), w, b))
+    assert [ask for ask in SmallRowsLayerNorm.asked if ask[0]] == [(True, 4)]  # 3 rows: 4

@@ -1,5 +1,5 @@
-"""cuBLAS and cuDNN as candidates on simulated devices (no GPU needed): the vendor kernel serves
-everywhere except the regions where a TileLang kernel measured faster on the H200, the
+"""cuBLAS, cuDNN and ATen's norms as candidates on simulated devices (no GPU needed): the vendor
+kernel serves everywhere except the regions where a TileLang kernel measured faster on the H200, the
 explanations cite the figure and its result file, and GemmOp's backward GEMMs select by the
 same table. The kernels' view logic is checked on CPU tensors against the references."""
 
@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cuda_grid import SIMULATED, bn_call, gemm_call
+from cuda_grid import INTERFACES, SIMULATED, bn_call, gemm_call, make_call
 
 import tileops_cuda
 from tileops.backward import BackwardCall
-from tileops.ops import BatchNormFwdOp, GemmOp, gemm_gradient_calls
+from tileops.ops import BatchNormFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, gemm_gradient_calls
 from tileops.testing import simulate_device
 from tileops_cuda.batch_norm import vendor as bn_vendor
 from tileops_cuda.gemm import vendor as gemm_vendor
+from tileops_cuda.rows import vendor as row_vendor
 
 H200 = SIMULATED[90]
 H100 = {**H200, "calibration": "NVIDIA H100 80GB HBM3"}
@@ -249,3 +250,70 @@ def test_cudnn_kernels_read_both_layouts_as_the_reference(training, channels_las
     torch.testing.assert_close(got, reference(x, *params, *theirs), rtol=1e-12, atol=1e-12)
     for mine, want in zip(stats, theirs, strict=True):  # updated in place when training
         torch.testing.assert_close(mine, want, rtol=1e-12, atol=1e-12)
+
+
+# -- ATen's LayerNorm / RMSNorm: autograd calls only ----------------------------------------
+
+
+def row_explain(op_name, n, dtype=BF16, arch=90, facts=H200, **flags):
+    op = {"LayerNormFwdOp": LayerNormFwdOp, "RMSNormFwdOp": RMSNormFwdOp}[op_name](n)
+    with simulate_device("cuda:0", arch=arch, **facts):
+        return op.explain(INTERFACES[op_name], make_call(op_name, n, dtype, **flags))
+
+
+# op, n, rows of a grad call (None: a plain call), dtype -> key on a simulated H200
+ROW_KEYS = [
+    ("LayerNormFwdOp", 1024, None, BF16, "tilelang_warp_rows"),  # plain calls: TileLang's
+    ("LayerNormFwdOp", 1024, 4096, BF16, "aten_layer_norm"),  # the encoder's: 0.29-0.45x
+    ("LayerNormFwdOp", 8192, 8192, BF16, "aten_layer_norm"),  # 1.01x: not faster
+    ("LayerNormFwdOp", 65536, 1 << 20, BF16, "aten_layer_norm"),  # never measured
+    ("RMSNormFwdOp", 4096, 2048, BF16, "aten_rms_norm"),  # Llama training's: 0.31x
+    ("RMSNormFwdOp", 16384, 8192, BF16, "tilelang_block_row"),  # 1.44x
+    ("RMSNormFwdOp", 16384, 1 << 16, BF16, "tilelang_block_row"),
+    ("RMSNormFwdOp", 16384, 4096, BF16, "aten_rms_norm"),  # below the measured rows
+    ("RMSNormFwdOp", 8192, 8192, BF16, "aten_rms_norm"),  # 0.85x
+    ("RMSNormFwdOp", 16384, 8192, torch.float32, "aten_rms_norm"),  # dtype never measured
+    ("RMSNormFwdOp", 16384, None, torch.float32, "tilelang_block_row"),
+]
+
+
+@pytest.mark.parametrize("op_name,n,rows,dtype,key", ROW_KEYS)
+def test_row_norm_key_per_region_on_the_h200(op_name, n, rows, dtype, key):
+    flags = {} if rows is None else {"grad": True, "rows": rows}
+    assert row_explain(op_name, n, dtype, **flags).chosen == key
+
+
+@pytest.mark.parametrize("arch,facts", [(90, H100), (80, SIMULATED[80])])
+def test_aten_serves_every_autograd_norm_call_on_boards_never_measured(arch, facts):
+    for op_name, n, rows, dtype, _key in ROW_KEYS:
+        flags = {} if rows is None else {"grad": True, "rows": rows}
+        chosen = row_explain(op_name, n, dtype, arch, facts, **flags).chosen
+        assert chosen.startswith("aten") == (rows is not None), (op_name, n, rows, chosen)
+
+
+def test_aten_norms_state_why_they_refuse():
+    verdicts = row_explain("RMSNormFwdOp", 16384, grad=True, rows=8192).verdicts()
+    assert verdicts["aten_rms_norm"] == (
+        "refused: tilelang_block_row measured faster than torch's rms_norm here on NVIDIA H200: "
+        "the op's node (TileLang forward and backward) 1.44x torch's rms_norm as called, "
+        "forward + backward, at 8192 x 16384 (640 against 922 us) "
+        "(benchmarks/results/norms/norm_calls_nvidia_h200.md, commit 7ed183b); "
+        "torch's rms_norm steps aside"
+    )
+    plain = row_explain("LayerNormFwdOp", 1024).verdicts()["aten_layer_norm"]
+    assert plain.startswith("refused: a plain call is left to the tileops kernels")
+    mixed = row_explain("LayerNormFwdOp", 1024, grad=True, rows=64, param_dtype=torch.float32)
+    assert mixed.verdicts()["aten_layer_norm"] == (
+        "refused: torch.float32 params beside torch.bfloat16 x are not served (mixed)"
+    )
+    assert mixed.chosen == "tilelang_warp_rows"
+
+
+@pytest.mark.parametrize("affine", [False, True])
+def test_aten_norms_compute_torch_functions(affine):
+    x, w, b = torch.randn(6, 40), torch.randn(40), torch.randn(40)
+    w, b = (w, b) if affine else (None, None)
+    got = row_vendor.AtenLayerNorm(1e-5).forward(x, w, b)
+    torch.testing.assert_close(got, torch.nn.functional.layer_norm(x, (40,), w, b, 1e-5))
+    got = row_vendor.AtenRMSNorm(1e-6).forward(x, w)
+    torch.testing.assert_close(got, torch.nn.functional.rms_norm(x, (40,), w, 1e-6))

@@ -175,7 +175,7 @@ def _native_lane(op: Op, call: BoundCall, hits: Any) -> tuple:
     forward saved); kept while the op reads its plain cache (no pin, record or simulation)."""
     if type(hits) is not dict or not op.runs_builtin(call.device):
         return _NO_LANE
-    native = op._table.torch_backward and not call.written_empty
+    native = op._table.native_lanes and not call.written_empty
     held = (hits, op.native_lane_for(call) if native else None)
     call.lane[1] = held
     return held

@@ -54,6 +54,10 @@ class Op:
     """True: a forward kernel may return `(out, *state)`, what it computed on the way that the
     backward kernels can use instead of recomputing it (BatchNorm's batch mean and inverse
     std); `state_problem` checks it, and backward kernels with `takes_state` receive it."""
+    weighs_backward: ClassVar[bool] = False
+    """True: the forward call spec of an autograd call says so (`grad`, with its size), so the
+    forward kernel serving it was chosen for the forward and backward together; a native lane
+    then needs no check that the backward kernels are torch's own (the row norms)."""
     _through_operator: ClassVar[Callable[..., Any]]
     """`op._through_operator(tensors)` calls the op through its torch.library operator (what
     tracing sees: torch.compile, torch.export); library.py installs it."""
@@ -265,7 +269,8 @@ class Op:
         out = self.forward(*call.tensors)
         hits = self._hits  # a plain cache: no pin, record or simulation is active
         if type(hits) is dict and (held is None or held[0] is not hits):
-            call.lane[0] = (hits, self.lane_for(call) or self.native_lane_for(call))
+            own = type(self).lane_for is not Op.lane_for
+            call.lane[0] = (hits, self.lane_for(call) if own else self.native_lane_for(call))
         return out
 
     def lane_for(self, call: BoundCall) -> Callable[..., Any] | None:
@@ -280,7 +285,7 @@ class Op:
         """torch's own differentiable function for the calls of `call`'s input layout, where
         the kernel serving it (selected now if need be) declares `torch_native`: autograd
         calls run it under torch's autograd from the layout's first, with torch's backward,
-        and plain calls from their second where the op has no `lane_for`. The lane returns
+        and plain calls from their second where the op defines no `lane_for`. The lane returns
         None for a call it was not made for (other strides), which then takes the op's own
         path. None: no lane."""
         return None

@@ -65,9 +65,10 @@ class KernelTable:
         self.outranks = {
             name: self._outranking(name, cands) for name, cands in self.candidates.items()
         }
-        # whether every backward kernel is the op's general one or torch's own backward: then
-        # a native lane (torch's forward, torch's backward) passes over none a backend added
-        self.torch_backward = all(
+        # whether a native lane (torch's forward, torch's backward) may serve autograd calls:
+        # the forward's selection weighs the backward itself, or every backward kernel is the
+        # op's general one or torch's own, so the lane passes over none a backend added
+        self.native_lanes = op_cls.weighs_backward or all(
             c.cls.general or c.cls.torch_native for c in self.candidates.get("backward", ())
         )
         # Selections per determinism mode (torch.use_deterministic_algorithms off / on):

@@ -37,6 +37,7 @@ from .gemm import kernels as gemm_kernels  # noqa: E402
 from .gemm import vendor as gemm_vendor  # noqa: E402
 from .rows import backward_kernels as row_backward  # noqa: E402
 from .rows import kernels as row_kernels  # noqa: E402
+from .rows import vendor as row_vendor  # noqa: E402
 
 KERNELS = {
     LayerNormFwdOp: {
@@ -100,9 +101,12 @@ VENDOR_KERNELS = {
         "cudnn_infer": bn_vendor.CudnnBatchNormInfer,
         "aten_bn_backward": bn_backward.BatchNormBackwardNative,
     },
+    LayerNormFwdOp: {"aten_layer_norm": row_vendor.AtenLayerNorm},
+    RMSNormFwdOp: {"aten_rms_norm": row_vendor.AtenRMSNorm},
 }
-"""cuBLAS, cuDNN and ATen's native BatchNorm backward through torch, candidates beside KERNELS:
-they serve wherever no TileLang kernel was measured faster (`_common.vendor`). No program of
+"""cuBLAS, cuDNN, ATen's native BatchNorm backward and ATen's LayerNorm / RMSNorm (autograd
+calls) through torch, candidates beside KERNELS: they serve wherever no TileLang kernel was
+measured faster (`_common.vendor`). No program of
 their own to compile."""
 
 ROW_BACKWARD_KERNELS = {

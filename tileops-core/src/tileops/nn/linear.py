@@ -30,8 +30,8 @@ class Linear(TileModule, nn.Linear):
                 f"multiplied by weight of shape {list(self.weight.shape)}; its last dim must "
                 f"be in_features={self.in_features}"
             )
+        if x.dim() == 2:  # no view, as F.linear's: FSDP2 drops hooks on in-place ops on views
+            return op_for(GemmOp, x.device, False, True)(x, self.weight, self.bias)
         rows = x.flatten(0, -2) if x.dim() > 1 else x.unsqueeze(0)  # reshape(-1, 0) is ambiguous
         y = op_for(GemmOp, x.device, False, True)(rows, self.weight, self.bias)
-        if x.dim() == 2:  # no view, as F.linear's: FSDP2 drops hooks on in-place ops on views
-            return y
         return y.view(*x.shape[:-1], self.out_features)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 
 from ... import library
 from ...backward import BackwardCall, BackwardInterface, Tensors
@@ -236,7 +237,7 @@ class GemmOp(Op):
         contiguous operands served by a `torch_native` kernel (cuBLAS)."""
         if not getattr(self._served(call, select=True), "torch_native", False):
             return None
-        product = self.reference_forward
+        product = F.linear if self.trans_b and not self.trans_a else self.reference_forward
 
         def lane(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> Any:
             return product(a, b, bias) if a.is_contiguous() and b.is_contiguous() else None

@@ -6,6 +6,7 @@ weight/bias over as contiguous (n,) vectors, and restore the caller's shape on t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -47,6 +48,7 @@ class RowNorm:
     """Mixin (not an Op, so it is no registered op) for the row-wise norms' shared path."""
 
     interface_name: ClassVar[str]
+    weighs_backward: ClassVar[bool] = True  # an autograd call's spec says `grad`, its rows
 
     def __init__(self, normalized_shape: Any, eps: float | None, *, target: str | None) -> None:
         op = type(self).__name__
@@ -58,6 +60,10 @@ class RowNorm:
 
     def call_for(self, x: torch.Tensor, *affine: torch.Tensor | None) -> CallSpec:
         """The call spec of this call (hot path: attribute reads only)."""
+        raise NotImplementedError
+
+    def torch_forward(self, x: torch.Tensor, *affine: torch.Tensor | None) -> torch.Tensor:
+        """torch's own function on the caller's tensors (its autograd records torch's node)."""
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor, *affine: torch.Tensor | None) -> torch.Tensor:
@@ -84,6 +90,29 @@ class RowNorm:
             rows = as_rows(x, n)
             y = kernel(rows, *[as_vector(t, n) for t in affine])
             return y if rows is x else like(y, x)
+
+        return lane
+
+    def native_lane_for(self, call: BoundCall) -> Callable[..., torch.Tensor] | None:
+        """torch's function under torch's autograd for the autograd calls whose grad spec (the
+        call's spec with `grad` and its rows as a power of two) a `torch_native` kernel serves;
+        the other sizes take the op's node. Each size is selected once, on its first call."""
+        x, *affine = call.tensors
+        spec = self._calls.get(_spec_key(x, affine)) or self.call_for(x, *affine)
+        n, interface, select = self._n, self.interface_name, self.kernel_for
+        function = self.torch_forward
+        native: dict[int, bool] = {}
+
+        def lane(x: torch.Tensor, *affine: torch.Tensor | None) -> torch.Tensor | None:
+            rows = x.numel() // n if n else 0
+            if not rows:  # no kernel sees it
+                return None
+            size = 1 << (rows - 1).bit_length()
+            served = native.get(size)
+            if served is None:
+                kernel = select(interface, dataclasses.replace(spec, grad=True, rows=size))
+                served = native[size] = getattr(kernel, "torch_native", False)
+            return function(x, *affine) if served else None
 
         return lane
 

@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 
 class LayerNormCall(CallSpec):
-    """One LayerNorm call: rows of length `n` normalized with `eps`, affine params present."""
+    """One LayerNorm call: rows of length `n` normalized with `eps`, affine params present.
+    An autograd call is asked about as `grad` with its `rows` (`RowNorm.native_lane_for`), so
+    a kernel can weigh what the whole training call costs (torch's, with its own backward)."""
 
     n: int
     eps: float
@@ -29,6 +31,8 @@ class LayerNormCall(CallSpec):
     has_weight: bool
     has_bias: bool
     param_dtype: torch.dtype | None = None  # weight/bias dtype: x's, or float32 (mixed)
+    grad: bool = False  # under autograd: the kernel's forward comes with the op's backward
+    rows: int = 0  # of a grad call: its rows rounded up to a power of two (else 0)
 
 
 class LayerNormInterface(KernelInterface):
@@ -146,6 +150,11 @@ class LayerNormFwdOp(RowNorm, Op):
     ) -> torch.Tensor:
         if upcasts(x):
             return _in_float32(x, self.normalized_shape, weight, bias, self.eps)
+        return self.torch_forward(x, weight, bias)
+
+    def torch_forward(
+        self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
+    ) -> torch.Tensor:
         return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
 
     @classmethod

@@ -25,13 +25,16 @@ DEFAULT_EPS = {dt: torch.finfo(torch.promote_types(dt, torch.float32)).eps for d
 
 
 class RMSNormCall(CallSpec):
-    """One RMSNorm call: rows of length `n`; `eps` is the value added (defaults resolved)."""
+    """One RMSNorm call: rows of length `n`; `eps` is the value added (defaults resolved).
+    `grad` and `rows`: as LayerNormCall's."""
 
     n: int
     eps: float
     dtype: torch.dtype
     has_weight: bool
     param_dtype: torch.dtype | None = None  # weight dtype: x's, or float32 (mixed)
+    grad: bool = False  # under autograd: the kernel's forward comes with the op's backward
+    rows: int = 0  # of a grad call: its rows rounded up to a power of two (else 0)
 
 
 class RMSNormInterface(KernelInterface):
@@ -134,6 +137,9 @@ class RMSNormFwdOp(RowNorm, Op):
         if upcasts(x):  # as the kernels compute: in float32, rounded once
             y = F.rms_norm(x.float(), self.normalized_shape, float32(weight), self.eps)
             return y.to(x.dtype)
+        return self.torch_forward(x, weight)
+
+    def torch_forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         return F.rms_norm(x, self.normalized_shape, weight, self.eps)
 
     @classmethod
