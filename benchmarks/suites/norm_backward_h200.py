@@ -6,8 +6,9 @@ cleared before every repetition (`triton.testing.do_bench`): a device-to-device 
 pass's model bytes; for each contender the forward with the backward (dx, and dweight/dbias for
 the norms, from a fixed dy) and the backward alone (on a graph kept from one forward). Model
 bytes: forward x read, y written, params read; backward x (softmax: y) and dy read, dx written,
-params read and their gradients written. The backward kernel tileops selects is named and
-pinned, so tileops' figures are its kernels' (an autograd call of a norm may otherwise run torch's).
+params read and their gradients written. The backward kernel tileops selects is named. ATen's
+norms are denied (`TILEOPS_DENY`, unless set), so tileops' figures are its own kernels': an
+autograd call of a norm would otherwise run torch's function where ATen's serves it.
 
     python benchmarks/suites/norm_backward_h200.py [--ops layer_norm,rms_norm,softmax]
         [--dtypes bfloat16] [--sizes 1024,...,65536] [--out DIR]
@@ -19,12 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
+
+os.environ.setdefault("TILEOPS_DENY", "LayerNormFwdOp=aten_layer_norm,RMSNormFwdOp=aten_rms_norm")
 
 import torch
 from _harness.copies import copy_moving
@@ -86,26 +90,11 @@ def contenders(op: str, dtype: torch.dtype, n: int) -> tuple[dict, tuple, torch.
     # The backward alone runs again on one graph (retain_graph), which a compiled backward
     # that donates its saved buffers refuses.
     torch._functorch.config.donated_buffer = False
-    fns = {
-        "tileops": pinned_backward(tile_op, served_by(tile_op, args, dy)),
-        "eager": eager,
-        "compile": torch.compile(eager, dynamic=False),
-    }
+    fns = {"tileops": tile_op, "eager": eager, "compile": torch.compile(eager, dynamic=False)}
     liger = _liger(op)
     if liger is not None:
         fns["liger"] = liger
     return fns, args, dy, tile_op
-
-
-def pinned_backward(tile_op: Any, key: str) -> Callable[..., Any]:
-    """The op with its backward pinned to `key`: the op's node and kernels, where an autograd
-    call would otherwise run torch's own function (the ATen norms' native lane)."""
-
-    def call(*args: torch.Tensor) -> Any:
-        with tileops.pinned(type(tile_op), "backward", key):
-            return tile_op(*args)
-
-    return call
 
 
 def served_by(tile_op: Any, args: tuple, dy: torch.Tensor) -> str:

@@ -3,24 +3,25 @@ where does the op's TileLang path beat torch's own, per call, once the host is c
 
 For each op, row length n and row count (bfloat16 x and params), it times per call (median of
 interleaved back-to-back loops, synchronised at the end of each: whichever of host and GPU is
-slower, as in a layer loop):
-- training calls: forward and `backward(dy)` with x and the params requiring grad, for torch's
-  function, the op as it serves now, and the op pinned to its TileLang forward key (its autograd
-  node and backward kernel);
-- plain calls (nothing requires grad): torch's function and the op.
-Beside them, the GPU kernel time of one training call (torch.profiler, L2 cleared) for torch
-and the pinned op.
+slower, as in a layer loop), for torch's function and the op as it serves in this process:
+- training calls: forward and `backward(dy)` with x and the params requiring grad;
+- plain calls (nothing requires grad);
+and the GPU kernel time of one training call of each (torch.profiler, L2 cleared). The op's own
+node (TileLang forward and backward kernels) serves training calls where ATen's norms are denied:
 
+    TILEOPS_DENY=LayerNormFwdOp=aten_layer_norm,RMSNormFwdOp=aten_rms_norm \
+        python benchmarks/sweeps/norm_calls_h200.py --label node
     python benchmarks/sweeps/norm_calls_h200.py [--ops layer_norm,rms_norm]
-        [--sizes 1024,...] [--rows 16,...] [--out DIR]
+        [--sizes 1024,...] [--rows 16,...] [--label NAME] [--out DIR]
 
-Writes `<out>/norm_calls_<device>.{md,json}`.
+Writes `<out>/norm_calls[_<label>]_<device>.{md,json}`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -32,8 +33,6 @@ import torch
 from _harness.ops import row_op_setup
 from _harness.provenance import result_path, results_dir, run_stamp
 from _harness.timing import kernel_us, per_call_ns
-
-import tileops
 
 SIZES = [1024, 2048, 4096, 8192, 16384, 32768]
 ROWS = [16, 256, 2048, 8192, 32768]
@@ -49,32 +48,21 @@ def training(fn: Callable[..., torch.Tensor], args: tuple, dy: torch.Tensor) -> 
 
 def measure(op_name: str, n: int, rows: int) -> dict[str, Any]:
     x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
-    op, args, eager, interface, call = row_op_setup(op_name, x)
-    key = op.key_for(interface, call)
+    op, args, eager, _, _ = row_op_setup(op_name, x)
     grad_args = tuple(a.detach().requires_grad_() for a in args)
     dy = torch.randn_like(x)
-    pinned = training(op, grad_args, dy)
-
-    def node() -> None:
-        with tileops.pinned(type(op), interface, key):
-            pinned()
-
     calls = {
         "train torch": training(eager, grad_args, dy),
         "train op": training(op, grad_args, dy),
-        "train op node": node,
         "plain torch": lambda: eager(*args),
         "plain op": lambda: op(*args),
     }
     number = 40 if rows * n >= 2**25 else 100
     us = {name: ns / 1e3 for name, ns in per_call_ns(calls, "cuda", number, 5).items()}
-    gpu = {
-        "gpu torch": kernel_us(calls["train torch"]),
-        "gpu op node": kernel_us(node),
-    }
-    for tensor in grad_args:
-        tensor.grad = None
-    return {"op": op_name, "n": n, "rows": rows, "key": key, **us, **gpu}
+    y = op(*grad_args)
+    node = type(y.grad_fn).__name__  # the op's own node, or torch's where its native lane ran
+    gpu = {f"gpu {name[6:]}": kernel_us(calls[name]) for name in ("train torch", "train op")}
+    return {"op": op_name, "n": n, "rows": rows, "node": node, **us, **gpu}
 
 
 def table(results: list[dict[str, Any]], stamp: dict[str, Any]) -> list[str]:
@@ -85,20 +73,19 @@ def table(results: list[dict[str, Any]], stamp: dict[str, Any]) -> list[str]:
         "",
         "bfloat16 x and params. us per call (median of interleaved loops, host and GPU as a "
         "layer loop pays them). train: forward + backward(dy), x and params requiring grad; "
-        "node: the op pinned to its TileLang key (its autograd node and backward kernel). "
-        "ratio > 1: the op's node faster than torch. GPU: kernel time of one training call.",
+        "node: what the op's training call records. ratio > 1: the op faster than torch. "
+        "GPU: kernel time of one training call.",
         "",
-        "| op | n | rows | key | train torch | train op | train node | node ratio "
-        "| GPU torch | GPU node | plain torch | plain op | plain ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| op | n | rows | node | train torch | train op | train ratio | GPU torch | GPU op "
+        "| plain torch | plain op | plain ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
-            f"| {r['op']} | {r['n']} | {r['rows']} | {r['key']} | {r['train torch']:.1f} "
-            f"| {r['train op']:.1f} | {r['train op node']:.1f} "
-            f"| {r['train torch'] / r['train op node']:.2f} | {r['gpu torch']:.1f} "
-            f"| {r['gpu op node']:.1f} | {r['plain torch']:.1f} | {r['plain op']:.1f} "
-            f"| {r['plain torch'] / r['plain op']:.2f} |"
+            f"| {r['op']} | {r['n']} | {r['rows']} | {r['node']} | {r['train torch']:.1f} "
+            f"| {r['train op']:.1f} | {r['train torch'] / r['train op']:.2f} "
+            f"| {r['gpu torch']:.1f} | {r['gpu op']:.1f} | {r['plain torch']:.1f} "
+            f"| {r['plain op']:.1f} | {r['plain torch'] / r['plain op']:.2f} |"
         )
     return lines
 
@@ -108,9 +95,10 @@ def main() -> None:
     parser.add_argument("--ops", default="layer_norm,rms_norm")
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)))
     parser.add_argument("--rows", default=",".join(map(str, ROWS)))
+    parser.add_argument("--label", default="", help="in the file name: norm_calls_<label>")
     parser.add_argument("--out", default=str(results_dir("norms")))
     args = parser.parse_args()
-    stamp = run_stamp()
+    stamp = run_stamp(TILEOPS_DENY=os.environ.get("TILEOPS_DENY", ""))
     results = []
     for op_name in args.ops.split(","):
         for n in map(int, args.sizes.split(",")):
@@ -119,11 +107,10 @@ def main() -> None:
                     results.append(measure(op_name, n, rows))
                     print(table(results, stamp)[-1], flush=True)
     device = torch.cuda.get_device_name()
-    result_path(args.out, "norm_calls", device, ".md").write_text(
-        "\n".join(table(results, stamp)) + "\n"
-    )
+    prefix = f"norm_calls_{args.label}" if args.label else "norm_calls"
+    result_path(args.out, prefix, device, ".md").write_text("\n".join(table(results, stamp)) + "\n")
     payload = {"stamp": stamp, "results": results}
-    result_path(args.out, "norm_calls", device, ".json").write_text(json.dumps(payload, indent=1))
+    result_path(args.out, prefix, device, ".json").write_text(json.dumps(payload, indent=1))
 
 
 if __name__ == "__main__":
