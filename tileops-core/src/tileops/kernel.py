@@ -67,7 +67,8 @@ class Kernel:
     autograd: torch's own nodes, no node or backward kernel of the op's (what eager torch
     pays on the host); so do plain calls of ops without a lane of their own. On a backward
     kernel: it computes torch's own backward, so native lanes may pass over it; an op with
-    any other backward kernel that is not general (a backend's) takes no native lane."""
+    any other backward kernel that is not general (a backend's) takes no native lane, unless
+    its forward selection weighs the backward itself (`Op.weighs_backward`)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
