@@ -251,8 +251,9 @@ class GemmOp(Op):
         if not (a.is_contiguous() and b.is_contiguous()):
             return None
         spec = _gemm_call(a, b, bool(rest) and rest[0] is not None, self.trans_a, self.trans_b)
-        if not select:
-            return self._hits.get(("gemm", spec))
+        hit = self._hits.get(("gemm", spec))
+        if hit is not None or not select:
+            return hit
         return self.kernel_for("gemm", spec) if spec.m and spec.n else None
 
     def reference_forward(

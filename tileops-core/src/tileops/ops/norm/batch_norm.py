@@ -422,7 +422,8 @@ class BatchNormFwdOp(Op):
             return None
         layout = _memory_format(x)
         spec = self._spec(x, tuple(per_channel), layout is not torch.contiguous_format)
-        if not getattr(self.kernel_for(self._interface, spec), "torch_native", False):
+        kernel = self._hits.get((self._interface, spec)) or self.kernel_for(self._interface, spec)
+        if not getattr(kernel, "torch_native", False):
             return None
         training, momentum, eps = self.training, self.momentum, self.eps
 
