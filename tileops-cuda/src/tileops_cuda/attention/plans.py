@@ -64,11 +64,17 @@ def decode_rows(call: AttentionCall) -> int:
     return call.heads // call.kv_heads * call.q_len
 
 
-def decode_plan(call: AttentionCall, batch: int, kv_heads: int) -> DecodePlan:
-    """Split the keys so that batch x kv_heads x splits blocks fill the SMs
-    (`DECODE_BLOCKS_PER_SM` each); one split where the grid fills them already."""
+def decode_plan(
+    call: AttentionCall,
+    batch: int,
+    kv_heads: int,
+    blocks_per_sm: int = DECODE_BLOCKS_PER_SM,
+    block_n: int = DECODE_BLOCK_N,
+) -> DecodePlan:
+    """Split the keys so that batch x kv_heads x splits blocks fill the SMs (`blocks_per_sm`
+    each); one split where the grid fills them already."""
     rows = decode_rows(call)
     block_h = max(DECODE_MIN_ROWS, 1 << (rows - 1).bit_length())
     blocks = max(batch * kv_heads, 1)
-    splits = max(ceil_div(call.sm_count * DECODE_BLOCKS_PER_SM, blocks), 1)
-    return DecodePlan(rows, block_h, DECODE_BLOCK_N, splits, CP_ASYNC_STAGES, DECODE_THREADS)
+    splits = max(ceil_div(call.sm_count * blocks_per_sm, blocks), 1)
+    return DecodePlan(rows, block_h, block_n, splits, CP_ASYNC_STAGES, DECODE_THREADS)
