@@ -7,10 +7,12 @@ TileLang decode kernel (`TileLangCacheDecode`) built with each plan variant and 
 (`decode`: its buffers allocated, both launches). Three figures each, medians of do_bench with
 the L2 cleared: `graphed`, the replay of a CUDA graph of one call (the GPU's time, what a
 CUDA-graphed decode loop pays); `called`, the call as made (host and GPU, whichever is
-slower); and KV bandwidth as % of a same-run copy, from each.
+slower); KV bandwidth as % of a same-run copy, from each; and `loop`, 200 calls back to back
+(the L2 warm: at 16 MB the cache stays in it).
 
-A variant is blocks/block_n[/threads]: the key slices fill the SMs `blocks` deep, `block_n` keys
-a step, `threads` per block (the plan's own if left out).
+A variant is blocks/block_n[/tN][/tmaS]: the key slices fill the SMs `blocks` deep, `block_n`
+keys a step, N threads per block (the plan's own if left out), and with tmaS the K and V tiles
+come through TMA, S in flight (sm_90a, warp-specialized).
 
     python benchmarks/sweeps/decode_plans_h200.py [--shapes 1x4096,...] [--variants 2/64,...]
         [--rounds 2] [--out DIR]
@@ -34,14 +36,14 @@ import torch
 import torch.nn.functional as F
 from _harness.copies import copy_gbps
 from _harness.provenance import results_dir, run_stamp, write_markdown
-from _harness.timing import bench, graphed, host_profile
+from _harness.timing import bench, graphed, host_profile, loop_us
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tileops import AttentionDecodeOp, AttentionFwdOp
 
 HEADS, KV_HEADS, DIM, DTYPE = 32, 8, 128, torch.bfloat16
 SHAPES = "1x4096,1x32768,1x131072,16x4096,64x4096,64x16384"
-VARIANTS = "2/64,4/64,8/64,2/128,4/128,4/64/256"
+VARIANTS = "2/64,2/64/tma2,2/64/tma3,2/64/tma4,1/64/tma4,2/128/tma2,4/64/tma2"
 SDPA = {"cuDNN": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
 
 
@@ -51,12 +53,17 @@ def variant_kernel(batch: int, capacity: int, spec: str) -> Any:
     from tileops_cuda.attention.kernels import TileLangCacheDecode
     from tileops_cuda.attention.plans import decode_plan
 
-    blocks, block_n, *threads = (int(part) for part in spec.split("/"))
+    blocks, block_n, *options = spec.split("/")
+    threads = [int(o[1:]) for o in options if o.startswith("t") and not o.startswith("tma")]
+    tma = [int(o[3:]) for o in options if o.startswith("tma")]
 
     class Variant(TileLangCacheDecode):
+        if tma:
+            features, pass_configs = "a", None  # sm_90a: TMA, warp-specialized
+
         @classmethod
         def plan(cls, call: Any) -> Any:
-            plan = decode_plan(call, call.batch, call.kv_heads, blocks, block_n)
+            plan = decode_plan(call, call.batch, call.kv_heads, int(blocks), int(block_n), *tma)
             return dataclasses.replace(plan, threads=threads[0]) if threads else plan
 
     call = AttentionDecodeCall(
@@ -102,9 +109,9 @@ def contenders(batch: int, capacity: int, variants: list[str]) -> tuple[dict, to
     return found, want, 2 * k.numel() * k.element_size()
 
 
-def timed(fn: Callable[[], Any], rounds: int) -> tuple[float, float]:
-    """(graphed, called) milliseconds."""
-    return bench(graphed(fn), rounds), bench(fn, rounds)
+def timed(fn: Callable[[], Any], rounds: int) -> tuple[float, float, float]:
+    """(graphed, called, loop) milliseconds."""
+    return bench(graphed(fn), rounds), bench(fn, rounds), loop_us(fn) / 1e3
 
 
 def rows_for(batch: int, capacity: int, variants: list[str], rounds: int) -> list[str]:
@@ -114,7 +121,7 @@ def rows_for(batch: int, capacity: int, variants: list[str], rounds: int) -> lis
     for name, fn in found.items():
         label = f"| {batch} x {capacity} | {kv_bytes / 2**20:.0f} | {name} |"
         if isinstance(fn, Exception):
-            lines.append(f"{label} failed: {type(fn).__name__}: {str(fn)[:100]} | | | | |")
+            lines.append(f"{label} failed: {type(fn).__name__}: {str(fn)[:100]} | | | | | |")
             continue
         backend = None
         if isinstance(fn, tuple):
@@ -124,14 +131,14 @@ def rows_for(batch: int, capacity: int, variants: list[str], rounds: int) -> lis
                 out = fn()
                 out = out[0] if isinstance(out, tuple) else out
                 error = float((out.float() - want).norm() / want.norm())
-                graph_ms, call_ms = timed(fn, rounds)
+                graph_ms, call_ms, loop_ms = timed(fn, rounds)
         except Exception as failure:  # a contender that cannot run or be captured is a row
             lines.append(f"{label} failed: {type(failure).__name__}: "
-                         f"{str(failure).splitlines()[0][:100]} | | | | |")  # fmt: skip
+                         f"{str(failure).splitlines()[0][:100]} | | | | | |")  # fmt: skip
             continue
         pct = [100 * kv_bytes / ms / 1e6 / copy for ms in (graph_ms, call_ms)]
         lines.append(f"{label} {graph_ms * 1e3:.1f} | {pct[0]:.0f} | {call_ms * 1e3:.1f} "
-                     f"| {pct[1]:.0f} | {error:.1e} |")  # fmt: skip
+                     f"| {pct[1]:.0f} | {loop_ms * 1e3:.1f} | {error:.1e} |")  # fmt: skip
         print(lines[-1], flush=True)
     return lines
 
@@ -156,7 +163,7 @@ def main() -> None:
              f"{HEADS}/{KV_HEADS}, head_dim {DIM}, q_len 1, full caches; medians of do_bench "
              f"(L2 cleared), best of {args.rounds}; % of a same-run copy of the K and V bytes.\n",
              "| batch x keys | KV MB | contender | graphed us | % copy | called us | % copy "
-             "| rel. error |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| loop us | rel. error |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for batch, capacity in shapes:
         lines += rows_for(batch, capacity, variants, args.rounds)
         torch.cuda.empty_cache()

@@ -19,7 +19,7 @@ from .._common.arith import DTYPE_NAMES
 from .fwd_program import LOG2E, finish_rows, online_softmax, visible
 from .plans import DecodePlan
 
-NO_TMA = {"disable_tma": True}  # cp.async on every arch: TMA needs a tensor map per cache
+NO_TMA = {"disable_tma": True}  # cp.async where the plan takes no TMA
 
 
 def split_program(call: AttentionCall, plan: DecodePlan, per_sequence: bool) -> Any:
@@ -36,6 +36,7 @@ def split_program(call: AttentionCall, plan: DecodePlan, per_sequence: bool) -> 
     softmax = online_softmax(bh, bn, call.scale * LOG2E)
     finish = finish_rows(bh, dim, call.scale)
     neg_inf = -T.infinity("float32")
+    loads = {} if plan.tma else {"annotations": NO_TMA}
 
     def main(Q=None, K=None, V=None, Lens=None, OPart=None, LsePart=None):
         with T.Kernel(splits, call.kv_heads, batch, threads=plan.threads) as (s, kv_head, b):
@@ -54,7 +55,7 @@ def split_program(call: AttentionCall, plan: DecodePlan, per_sequence: bool) -> 
             first = 0
             if call.window is not None:  # keys before every row's window: skipped
                 first = T.max(length - q_len - call.window + 1 - start, 0) // bn
-            T.copy(Q[b, kv_head * rows : kv_head * rows + bh, :], q_tile, annotations=NO_TMA)
+            T.copy(Q[b, kv_head * rows : kv_head * rows + bh, :], q_tile, **loads)
             T.fill(acc, 0)
             T.fill(row_sum, 0)
             T.fill(row_max, neg_inf)
@@ -62,7 +63,7 @@ def split_program(call: AttentionCall, plan: DecodePlan, per_sequence: bool) -> 
                 T.max(T.ceildiv(stop - start, bn) - first, 0), num_stages=plan.stages
             ):
                 k_start = start + (first + t) * bn
-                T.copy(K[b, kv_head, k_start : k_start + bn, :], k_tile, annotations=NO_TMA)
+                T.copy(K[b, kv_head, k_start : k_start + bn, :], k_tile, **loads)
                 for i, j in T.Parallel(bh, bn):
                     seen = visible(call, length - q_len + i % q_len, k_start + j, stop)
                     scores[i, j] = T.if_then_else(seen & (i < rows), 0.0, neg_inf)
@@ -71,7 +72,7 @@ def split_program(call: AttentionCall, plan: DecodePlan, per_sequence: bool) -> 
                 T.copy(scores, probs)
                 for i, j in T.Parallel(bh, dim):
                     acc[i, j] *= rescale[i]
-                T.copy(V[b, kv_head, k_start : k_start + bn, :], v_tile, annotations=NO_TMA)
+                T.copy(V[b, kv_head, k_start : k_start + bn, :], v_tile, **loads)
                 T.gemm(probs, v_tile, acc, policy=T.GemmWarpPolicy.FullCol)
             finish(acc, row_max, row_sum, lse)
             for i, j in T.Parallel(bh, dim):

@@ -43,6 +43,7 @@ class DecodePlan:
     splits: int
     stages: int
     threads: int
+    tma: bool = False  # K and V tiles through TMA (sm_90a), `stages` in flight
 
 
 def fwd_smem_bytes(call: AttentionCall, block_n: int, stages: int) -> int:
@@ -70,11 +71,14 @@ def decode_plan(
     kv_heads: int,
     blocks_per_sm: int = DECODE_BLOCKS_PER_SM,
     block_n: int = DECODE_BLOCK_N,
+    tma_stages: int = 0,
 ) -> DecodePlan:
     """Split the keys so that batch x kv_heads x splits blocks fill the SMs (`blocks_per_sm`
-    each); one split where the grid fills them already."""
+    each); one split where the grid fills them already. `tma_stages` > 0: the K and V tiles
+    come through TMA, that many in flight."""
     rows = decode_rows(call)
     block_h = max(DECODE_MIN_ROWS, 1 << (rows - 1).bit_length())
     blocks = max(batch * kv_heads, 1)
     splits = max(ceil_div(call.sm_count * blocks_per_sm, blocks), 1)
-    return DecodePlan(rows, block_h, block_n, splits, CP_ASYNC_STAGES, DECODE_THREADS)
+    stages = tma_stages or CP_ASYNC_STAGES
+    return DecodePlan(rows, block_h, block_n, splits, stages, DECODE_THREADS, tma_stages > 0)
