@@ -96,6 +96,30 @@ def test_the_block_table_picks_the_paged_interface():
     assert torch.equal(got_table, table)
 
 
+@pytest.mark.parametrize("block_size", [None, 8])
+def test_a_decode_loop_runs_its_layouts_kernel_without_forward(block_size, monkeypatch):
+    """From a layout's second call, the steps of a decode loop (new lengths each step, int64
+    lengths and table converted) skip `forward`, and still check their lengths."""
+    k_cache, v_cache = cache()
+    args, table = (k_cache, v_cache), None
+    if block_size:
+        *args, table = paged(k_cache, v_cache, block_size)
+        table = table.long()
+    op, q = AttentionDecodeOp(causal=True), randn(3, 4, 1, 16, dtype=F64)
+    for step in range(2):
+        op(q, *args, torch.tensor([5, 9, 2 + step]), table)
+    calls, forward = [], AttentionDecodeOp.forward
+    monkeypatch.setattr(AttentionDecodeOp, "forward", lambda *a: calls.append(a) or forward(*a))
+    for step in range(3):
+        lens, q = torch.tensor([7 + step, 40 - step, 3]), randn(3, 4, 1, 16, dtype=F64, seed=step)
+        got = op(q, *args, lens, table)
+        for g, w in zip(got, op.reference_forward(q, k_cache, v_cache, lens), strict=True):
+            assert_matches(g, w)
+    assert calls == []
+    with pytest.raises(OpInputError, match=r"'cache_seqlens' holds 41 at sequence 0"):
+        op(q, *args, torch.tensor([41, 1, 1]), table)
+
+
 def test_decode_in_16_bit_matches_the_float64_result_rounded_once():
     k_cache, v_cache = (t.bfloat16() for t in cache(dim=128))
     lens = torch.tensor([1, 25, 40])

@@ -1,5 +1,6 @@
 """What the TileLang attention kernels share: the calls no program of theirs takes, the build
-identity and compilation, and the launches (outputs allocated here, decode's partials too).
+identity and compilation, and the launches (outputs allocated here, decode's partials too;
+through `Launch`, TileLang's argument wrapper skipped).
 Which kernel serves which call is declared in `kernels`."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from tileops import Kernel
 from tileops.backend import Build
 
 from .._common.arith import DTYPE_NAMES
-from .._common.compile import build_program
+from .._common.compile import Launch, build_program
 from .._common.operands import aligned
 from .decode_program import combine_program, split_program
 from .fwd_program import fwd_program
@@ -102,6 +103,7 @@ class _TileLang(Kernel):
 
     def __init__(self, plan: Any, compiled: list[Any]) -> None:
         self.plan_, self.compiled = plan, compiled
+        self.launches = [Launch(program) for program in compiled]
 
 
 class FlashForward(_TileLang):
@@ -119,7 +121,7 @@ class FlashForward(_TileLang):
         q, k, v = aligned(q), aligned(k), aligned(v)
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
-        self.compiled[0](q, k, v, out, lse)
+        self.launches[0](q, k, v, out, lse)
         return out, lse
 
 
@@ -149,8 +151,8 @@ class SplitDecode(_TileLang):
         o_part = torch.empty((batch, rows, splits, dim), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((batch, rows, splits), dtype=torch.float32, device=q.device)
         tensors = (q_rows, k, v) if lens is None else (q_rows, k, v, lens)
-        self.compiled[0](*tensors, o_part, lse_part)
+        self.launches[0](*tensors, o_part, lse_part)
         out = torch.empty((batch, rows, dim), dtype=q.dtype, device=q.device)
         lse = torch.empty((batch, rows), dtype=torch.float32, device=q.device)
-        self.compiled[1](o_part, lse_part, out, lse)
+        self.launches[1](o_part, lse_part, out, lse)
         return out.view(q.shape), lse.view(batch, heads, q_len)

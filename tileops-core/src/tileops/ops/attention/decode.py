@@ -4,7 +4,7 @@ slots per sequence) or paged (blocks of slots, a block table per sequence)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -215,28 +215,43 @@ class AttentionDecodeOp(AttentionParams, Op):
         cache_seqlens: Tensor,
         block_table: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        slots = k_cache.shape[2] * (1 if block_table is None else block_table.shape[1])
-        if slots == 0:
+        spec = self._spec(q, k_cache, v_cache, block_table)
+        if spec is None:
             return no_keys(q, v_cache.shape[-1], q.shape[:-1])
-        tensors = [q.contiguous(), k_cache.contiguous(), v_cache.contiguous()]
-        tensors += [_int32(cache_seqlens)]
         out_shape = (*q.shape[:-1], v_cache.shape[-1])
-        if block_table is None:
-            call = self._call(AttentionDecodeCall, q, v_cache, capacity=k_cache.shape[2])
-            return call_kernel(self, "attention_decode", call, out_shape, *tensors)
-        call = self._call(
-            AttentionPagedDecodeCall,
-            q,
-            v_cache,
-            num_blocks=k_cache.shape[0],
-            block_size=k_cache.shape[2],
-            max_blocks=block_table.shape[1],
-        )
-        tensors.append(_int32(block_table))
-        return call_kernel(self, "attention_paged_decode", call, out_shape, *tensors)
+        tensors = _operands(q, k_cache, v_cache, cache_seqlens, block_table)
+        return call_kernel(self, *spec, out_shape, *tensors)
 
-    def _call(self, call_cls: type, q: Tensor, v_cache: Tensor, **cache: int) -> CallSpec:
-        return call_cls(**self.call_fields(q, v_cache), **cache)
+    def lane_for(self, call: BoundCall) -> Callable[..., tuple[Tensor, Tensor]] | None:
+        """The kernel that served this layout, for its later calls: a decode loop calls with
+        one layout step after step (lengths and block table change values only)."""
+        q, k_cache, v_cache, _, table = call.tensors
+        spec = self._spec(q, k_cache, v_cache, table)
+        kernel = None if spec is None else self._hits.get(spec)
+        if kernel is None:
+            return None
+
+        def lane(*tensors: Tensor | None) -> tuple[Tensor, Tensor]:
+            return kernel(*_operands(*tensors))
+
+        return lane
+
+    def _spec(
+        self, q: Tensor, k_cache: Tensor, v_cache: Tensor, table: Tensor | None
+    ) -> tuple[str, CallSpec] | None:
+        """(interface, call spec) of a call; None where the cache holds no slot."""
+        fields = self.call_fields(q, v_cache)
+        if table is None:
+            if k_cache.shape[2] == 0:
+                return None
+            return "attention_decode", AttentionDecodeCall(**fields, capacity=k_cache.shape[2])
+        if k_cache.shape[2] * table.shape[1] == 0:
+            return None
+        paged = AttentionPagedDecodeCall(
+            **fields, num_blocks=k_cache.shape[0], block_size=k_cache.shape[2],
+            max_blocks=table.shape[1],
+        )  # fmt: skip
+        return "attention_paged_decode", paged
 
     def reference_forward(
         self,
@@ -272,6 +287,14 @@ class AttentionDecodeOp(AttentionParams, Op):
 
 def _int32(t: Tensor) -> Tensor:
     return t.to(torch.int32).contiguous()
+
+
+def _operands(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, lens: Tensor, table: Tensor | None
+) -> list[Tensor]:
+    """The kernel's operands as the interfaces promise them: contiguous, indices int32."""
+    tensors = [q.contiguous(), k_cache.contiguous(), v_cache.contiguous(), _int32(lens)]
+    return tensors if table is None else [*tensors, _int32(table)]
 
 
 def _check_values(op: str, k_cache: Tensor, lens: Tensor, table: Tensor | None) -> None:
