@@ -3,6 +3,7 @@ loops, CUDA-graph replays, GPU kernel times from the profiler, and host profiles
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import io
 import pstats
@@ -23,16 +24,24 @@ def bench(fn: Callable[[], Any], rounds: int) -> float:
     return min(do_bench(fn, return_mode="median") for _ in range(rounds))
 
 
-def bench_all(contenders: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
+def bench_all(
+    contenders: dict[str, Callable[[], Any]],
+    rounds: int,
+    contexts: dict[str, Callable[[], Any]] | None = None,
+) -> dict[str, float]:
     """Milliseconds per contender: the best of `rounds` medians, the rounds interleaved across
     contenders, so a transient slowdown (compile workers still busy after torch.compile's first
-    call, clocks settling) cannot land on one contender's rounds only."""
+    call, clocks settling) cannot land on one contender's rounds only. `contexts[name]()` (a
+    backend forced, a key pinned) is entered around that contender's whole timing, so its own
+    cost is no part of the figure."""
     from triton.testing import do_bench
 
+    contexts = contexts or {}
     best = dict.fromkeys(contenders, float("inf"))
     for _ in range(rounds):
         for name, fn in contenders.items():
-            best[name] = min(best[name], do_bench(fn, return_mode="median"))
+            with contexts.get(name, contextlib.nullcontext)():
+                best[name] = min(best[name], do_bench(fn, return_mode="median"))
     return best
 
 
