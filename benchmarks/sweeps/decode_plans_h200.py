@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from _harness.copies import copy_gbps
 from _harness.provenance import results_dir, run_stamp, write_markdown
-from _harness.timing import bench, graphed, host_profile, loop_us
+from _harness.timing import bench, graphed, host_profile, kernel_breakdown, loop_us
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tileops import AttentionDecodeOp, AttentionFwdOp
@@ -169,7 +169,11 @@ def main() -> None:
         torch.cuda.empty_cache()
     batch, capacity = shapes[0]
     found, _, _ = contenders(batch, capacity, [])
-    profile = host_profile(found["AttentionDecodeOp (dispatched)"], 200, 15)
+    decode = found["AttentionDecodeOp (dispatched)"]
+    lines += [
+        f"\n## GPU kernels of AttentionDecodeOp, {batch} x {capacity} (median us, L2 cleared)\n"
+    ] + [f"- {name[:90]}: {us:.1f}" for name, us in kernel_breakdown(decode)]
+    profile = host_profile(decode, 200, 15)
     lines += [f"\n## Host profile: AttentionDecodeOp, {batch} x {capacity}, 200 calls\n",
               "```", profile, "```"]  # fmt: skip
     write_markdown(args.out, "decode_plans", stamp["device"], lines)
