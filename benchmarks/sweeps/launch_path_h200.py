@@ -1,11 +1,13 @@
 """Where a decode-sized op call spends its host time, step by step down to the launch.
 
-For RMSNorm 1 x 4096 and a 1 x 4096 x 4096 GEMM (`tnn.Linear`'s shape at decode), bfloat16, it
+For RMSNorm 1 x 4096, a 1 x 4096 x 4096 GEMM (`tnn.Linear`'s shape at decode) and attention
+decode at batch 1 over 4096 keys (against `F.scaled_dot_product_attention`), bfloat16, it
 times per call (median of interleaved loops, synchronised at the end of each, so host-bound
 figures): torch's function, `torch.empty_like`, the TileLang program called directly with its
 output preallocated under each of TileLang's execution backends, the serving kernel entry, the op,
-the `tileops.nn` module, and the op under `torch.inference_mode`. Then a cProfile of the op's
-calls (the functions that cost the most, by own time).
+the `tileops.nn` module, and the op under `torch.inference_mode` (for decode, the split-KV
+kernel's allocations and launches instead of the backends). Then a cProfile of the op's calls
+(the functions that cost the most, by own time).
 
     python benchmarks/sweeps/launch_path_h200.py [--number 2000] [--repeats 7] [--out DIR]
 
@@ -66,8 +68,49 @@ def direct_launches(kernel: Any, args: tuple) -> dict[str, Callable[[], Any]]:
     return found
 
 
+def decode_pieces(kernel: Any, args: tuple) -> dict[str, Callable[[], Any]]:
+    """The split-KV decode kernel's host path in pieces: its four output and partial buffers
+    allocated, and its two launches on preallocated buffers, through `Launch` (the entry
+    functions) and through TileLang's own calls."""
+    q, k, v, lens = args
+    batch, heads, q_len, dim = q.shape
+    rows, splits = heads * q_len, kernel.plan_.splits
+    q_rows = q.view(batch, rows, dim)
+    o_part = torch.empty((batch, rows, splits, dim), dtype=torch.float32, device=q.device)
+    lse_part = torch.empty((batch, rows, splits), dtype=torch.float32, device=q.device)
+    out = torch.empty((batch, rows, dim), dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, rows), dtype=torch.float32, device=q.device)
+    split_args, combine_args = (q_rows, k, v, lens, o_part, lse_part), (o_part, lse_part, out, lse)
+
+    def empties() -> None:
+        for shape, dtype in ((o_part.shape, torch.float32), (lse_part.shape, torch.float32),
+                             (out.shape, q.dtype), (lse.shape, torch.float32)):  # fmt: skip
+            torch.empty(shape, dtype=dtype, device=q.device)
+
+    def launches(run: list) -> Callable[[], Any]:
+        return lambda: (run[0](*split_args), run[1](*combine_args))
+
+    return {
+        "4 x torch.empty": empties,
+        "split launch, preallocated": lambda: kernel.launches[0](*split_args),
+        "combine launch, preallocated": lambda: kernel.launches[1](*combine_args),
+        "both launches, preallocated": launches(kernel.launches),
+        "both TileLang calls, preallocated": launches(kernel.compiled),
+    }
+
+
+def decode_case() -> tuple:
+    """AttentionDecodeOp at batch 1 over 4096 keys, GQA 32/8, head_dim 128 (issue 33's)."""
+    q = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 8, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in "kv")
+    lens = torch.full((1,), 4096, dtype=torch.int32, device="cuda")
+    op = tileops.AttentionDecodeOp(causal=True)
+    sdpa = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
+    return op, (q, k, v, lens), sdpa, None
+
+
 def cases() -> dict[str, tuple]:
-    """(op, inputs, torch function, tileops.nn module call) at decode shapes."""
+    """(op, inputs, torch function, tileops.nn module call or None) at decode shapes."""
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
     norm = tileops.nn.RMSNorm(4096, eps=1e-6).to("cuda", torch.bfloat16)
@@ -86,13 +129,22 @@ def cases() -> dict[str, tuple]:
             lambda: F.linear(x, linear.weight),
             lambda: linear(x),
         ),
+        "attention decode 1x4096": decode_case(),
     }
 
 
 def measure(name: str, case: tuple, number: int, repeats: int) -> list[str]:
     """One case's per-call figures and profiles, as report lines."""
     op, inputs, torch_fn, module_call = case
-    kernel, kernel_args = serving_entry(op, inputs)
+    if isinstance(op, tileops.AttentionDecodeOp):
+        op(*inputs)
+        kernel, kernel_args = next(iter(op._hits.values())), inputs
+        pieces = decode_pieces(kernel, inputs)
+        entry = lambda: kernel.forward(*kernel_args)  # noqa: E731
+    else:
+        kernel, kernel_args = serving_entry(op, inputs)
+        pieces = direct_launches(kernel, kernel_args)
+        entry = lambda: kernel(*kernel_args)  # noqa: E731
 
     def op_call() -> Any:
         return op(*inputs)
@@ -100,10 +152,10 @@ def measure(name: str, case: tuple, number: int, repeats: int) -> list[str]:
     fns = {
         "torch function": torch_fn,
         "torch.empty_like": lambda: torch.empty_like(inputs[0]),
-        **direct_launches(kernel, kernel_args),
-        f"kernel entry ({type(kernel).__name__})": lambda: kernel(*kernel_args),
+        **pieces,
+        f"kernel entry ({type(kernel).__name__})": entry,
         "op": op_call,
-        "tileops.nn module": module_call,
+        **({"tileops.nn module": module_call} if module_call else {}),
     }
     with torch.no_grad():
         found = per_call_ns(fns, "cuda", number, repeats)
@@ -113,6 +165,8 @@ def measure(name: str, case: tuple, number: int, repeats: int) -> list[str]:
     lines = [f"## {name}: ns per call (ratio to the torch function)"]
     lines += [f"  {k:<44} {v:>9,.0f}  {v / base:5.2f}" for k, v in found.items()]
     lines += ["", "cProfile of the op's calls:", host_profile(op_call, 5000, 25), ""]
+    if module_call is None:
+        return lines
     return lines + ["cProfile of the module's calls:", host_profile(module_call, 5000, 25), ""]
 
 
