@@ -205,3 +205,31 @@ def test_the_tilelang_decode_over_per_sequence_lengths(q_len, window):
         out, lse = op(q, k_cache, v_cache, lens)
     want = op.reference_forward(*(t.double() for t in (q, k_cache, v_cache)), lens)
     check(out, lse, *want, BF16)
+
+
+def test_the_decode_partials_are_kept_per_stream_and_batch():
+    """The split kernel's float32 partials are reused from call to call: one set per (stream,
+    batch), at most PARTIAL_SETS; every call on either stream, of every batch, still right."""
+    from tileops_cuda.attention import base, kernels
+
+    op = AttentionDecodeOp(causal=True)
+    q, k, v = inputs(4, 16, 4, 1, 3000, 128, BF16)
+    kernel = kernels.TileLangCacheDecode.entry_for(op._spec(q, k, v, None)[1])[1]()
+    lengths = torch.Generator().manual_seed(0)
+    for stream in (torch.cuda.current_stream(), torch.cuda.Stream()):
+        with torch.cuda.stream(stream):
+            for batch in (4, 2, 4, 1):
+                lens = torch.randint(1, 3001, (batch,), generator=lengths, dtype=torch.int32)
+                lens = lens.cuda()
+                out, lse = kernel.forward(q[:batch], k[:batch], v[:batch], lens)
+                want = op.reference_forward(*(t[:batch].double() for t in (q, k, v)), lens)
+                check(out, lse, *want, BF16)
+    torch.cuda.synchronize()
+    assert len(kernel._scratch) == 6  # three batch sizes on each of two streams
+    for batch in range(1, base.PARTIAL_SETS + 2):
+        kernel.forward(
+            q[:1].expand(batch, -1, -1, -1).contiguous(),
+            *(t[:1].expand(batch, -1, -1, -1).contiguous() for t in (k, v)),
+            torch.full((batch,), 3000, dtype=torch.int32, device="cuda"),
+        )
+    assert len(kernel._scratch) == base.PARTIAL_SETS

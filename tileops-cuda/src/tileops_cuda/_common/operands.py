@@ -1,10 +1,11 @@
-"""Tensors as the compiled kernels address them."""
+"""Tensors as the compiled kernels address them, and the stream they are launched on."""
 
 from __future__ import annotations
 
 import torch
 
 ALIGN_BYTES = 16
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU builds
 
 
 def aligned(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -30,3 +31,12 @@ def as_rows(t: torch.Tensor, n: int) -> torch.Tensor:
     if t.dim() == 2 and t.is_contiguous():
         return t
     return t.contiguous().view(-1, n)
+
+
+def current_raw_stream(device: torch.device) -> int:
+    """The current CUDA stream's handle on `device`, at the least host cost torch offers: what
+    scratch buffers reused from call to call are kept per (kernels on one stream run in order,
+    two streams' calls could interleave)."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device.index)
+    return torch.cuda.current_stream(device).cuda_stream

@@ -15,7 +15,7 @@ from tileops.backend import Build
 
 from .._common.arith import DTYPE_NAMES
 from .._common.compile import Launch, build_program
-from .._common.operands import aligned
+from .._common.operands import aligned, current_raw_stream
 from .decode_program import combine_program, split_program
 from .fwd_program import fwd_program
 from .plans import DECODE_ROWS, HEAD_DIMS, decode_plan, decode_rows, fwd_plan
@@ -24,6 +24,7 @@ Tensor = torch.Tensor
 HALF = (torch.float16, torch.bfloat16)
 # The sm_80 lowering (mma.sync fed by cp.async), for builds that plain sm_90 also runs.
 MMA_SYNC_ONLY = {"tl.disable_warp_specialized": True, "tl.disable_wgmma": True}
+PARTIAL_SETS = 8
 
 
 def scale_refusal(call: Any) -> str | None:
@@ -104,6 +105,7 @@ class _TileLang(Kernel):
     def __init__(self, plan: Any, compiled: list[Any]) -> None:
         self.plan_, self.compiled = plan, compiled
         self.launches = [Launch(program) for program in compiled]
+        self._scratch: dict[tuple, tuple[Tensor, Tensor]] = {}
 
 
 class FlashForward(_TileLang):
@@ -145,14 +147,28 @@ class SplitDecode(_TileLang):
         ]
 
     def decode(self, q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None) -> tuple:
-        batch, heads, q_len, dim = q.shape
-        rows, splits = heads * q_len, self.plan_.splits
-        q_rows, k, v = aligned(q).view(batch, rows, dim), aligned(k), aligned(v)
-        o_part = torch.empty((batch, rows, splits, dim), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((batch, rows, splits), dtype=torch.float32, device=q.device)
-        tensors = (q_rows, k, v) if lens is None else (q_rows, k, v, lens)
-        self.launches[0](*tensors, o_part, lse_part)
-        out = torch.empty((batch, rows, dim), dtype=q.dtype, device=q.device)
-        lse = torch.empty((batch, rows), dtype=torch.float32, device=q.device)
+        q, k, v = aligned(q), aligned(k), aligned(v)
+        o_part, lse_part = self._partials(q)
+        if lens is None:
+            self.launches[0](q, k, v, o_part, lse_part)
+        else:
+            self.launches[0](q, k, v, lens, o_part, lse_part)
+        out = torch.empty_like(q)  # head_dim == v_dim: out has q's shape
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
         self.launches[1](o_part, lse_part, out, lse)
-        return out.view(q.shape), lse.view(batch, heads, q_len)
+        return out, lse
+
+    def _partials(self, q: Tensor) -> tuple[Tensor, Tensor]:
+        """The slices' float32 partials, reused from call to call per (stream, batch): on one
+        stream a call's combine has read them before the next call's slices write them. At
+        most PARTIAL_SETS sets are kept (an engine's batch sizes vary)."""
+        key = (q.device.index, current_raw_stream(q.device), q.shape[0])
+        found = self._scratch.get(key)
+        if found is None:
+            if len(self._scratch) >= PARTIAL_SETS:
+                self._scratch.pop(next(iter(self._scratch)))
+            batch, heads, q_len, dim = q.shape
+            rows, splits = heads * q_len, self.plan_.splits
+            o_part = q.new_empty((batch, rows, splits, dim), dtype=torch.float32)
+            found = self._scratch[key] = o_part, q.new_empty(o_part.shape[:-1], dtype=torch.float32)
+        return found

@@ -3,10 +3,12 @@ times the query tokens, packed into one tile, so each key and value is read once
 against one slice of the keys per block, so that a small batch still fills the GPU; a second
 kernel combines the slices' partial outputs by their log-sum-exps.
 
-Rows are those of q viewed as (batch, heads * q_len, dim): row r of kv head h is query head
-h * group + r // q_len, token r % q_len, standing at position length - q_len + r % q_len,
-where length is the sequence's number of keys (its `Lens` entry, or the whole cache). Masks as
-in the forward (`fwd_program.visible`). batch and the cache length are symbolic.
+Q, Out and Lse keep q's (batch, heads, q_len) layout, so the host passes them with no view; the
+partials are indexed by row, q viewed as (batch, heads * q_len, dim): row r of kv head h is
+query head h * group + r // q_len, token r % q_len, standing at position length - q_len +
+r % q_len, where length is the sequence's number of keys (its `Lens` entry, or the whole
+cache). Masks as in the forward (`fwd_program.visible`). batch and the cache length are
+symbolic.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def split_program(call: AttentionCall, plan: DecodePlan, per_sequence: bool) -> 
 
     dtype, dim, q_len = DTYPE_NAMES[call.dtype], call.head_dim, call.q_len
     rows, bh, bn, splits = plan.rows, plan.block_h, plan.block_n, plan.splits
+    group = call.heads // call.kv_heads
     batch, capacity = T.dynamic("batch"), T.dynamic("capacity")
     softmax = online_softmax(bh, bn, call.scale * LOG2E)
     finish = finish_rows(bh, dim, call.scale)
@@ -55,7 +58,9 @@ def split_program(call: AttentionCall, plan: DecodePlan, per_sequence: bool) -> 
             first = 0
             if call.window is not None:  # keys before every row's window: skipped
                 first = T.max(length - q_len - call.window + 1 - start, 0) // bn
-            T.copy(Q[b, kv_head * rows : kv_head * rows + bh, :], q_tile, **loads)
+            for i, j in T.Parallel(bh, dim):  # the group's rows, then zeros to the MMA tile
+                head = kv_head * group + i // q_len
+                q_tile[i, j] = T.if_then_else(i < rows, Q[b, head, i % q_len, j], 0)
             T.fill(acc, 0)
             T.fill(row_sum, 0)
             T.fill(row_max, neg_inf)
@@ -84,7 +89,7 @@ def split_program(call: AttentionCall, plan: DecodePlan, per_sequence: bool) -> 
 
     total = call.heads * q_len
     shapes = {
-        "Q": (batch, total, dim),
+        "Q": (batch, call.heads, q_len, dim),
         "K": (batch, call.kv_heads, capacity, dim),
         "V": (batch, call.kv_heads, capacity, dim),
         **({"Lens": (batch,)} if per_sequence else {}),  # else every sequence fills the cache
@@ -96,7 +101,7 @@ def split_program(call: AttentionCall, plan: DecodePlan, per_sequence: bool) -> 
 
 
 def combine_program(call: AttentionCall, plan: DecodePlan) -> Any:
-    """Out (batch, heads * q_len, dim) and Lse (batch, heads * q_len) from the slices: lse =
+    """Out (batch, heads, q_len, dim) and Lse (batch, heads, q_len) from the slices: lse =
     log sum_s exp(lse_s), out = sum_s exp(lse_s - lse) out_s; no key in any slice: zeros and
     -inf. One block per (row, sequence), a thread per dim."""
     import tilelang.language as T
@@ -104,7 +109,8 @@ def combine_program(call: AttentionCall, plan: DecodePlan) -> Any:
     from .._common import tiles
 
     dtype, dim, splits = DTYPE_NAMES[call.dtype], call.head_dim, plan.splits
-    total = call.heads * call.q_len
+    q_len = call.q_len
+    total = call.heads * q_len
     batch = T.dynamic("batch")
     neg_inf = -T.infinity("float32")
 
@@ -123,15 +129,15 @@ def combine_program(call: AttentionCall, plan: DecodePlan) -> Any:
             for s in T.serial(splits):
                 weight = T.if_then_else(norm > 0, T.exp2((LsePart[b, row, s] - lse) * LOG2E), 0.0)
                 value = value + weight * OPart[b, row, s, col]
-            Out[b, row, col] = value
+            Out[b, row // q_len, row % q_len, col] = value
             if col == 0:
-                Lse[b, row] = lse
+                Lse[b, row // q_len, row % q_len] = lse
 
     shapes = {
         "OPart": (batch, total, splits, dim),
         "LsePart": (batch, total, splits),
-        "Out": (batch, total, dim),
-        "Lse": (batch, total),
+        "Out": (batch, call.heads, q_len, dim),
+        "Lse": (batch, call.heads, q_len),
     }
     dtypes = {"OPart": "float32", "LsePart": "float32", "Lse": "float32"}
     return tiles.prim_func(main, dtype, dtypes, **shapes)

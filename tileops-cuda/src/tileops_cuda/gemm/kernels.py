@@ -43,7 +43,7 @@ from tileops.backend import Build
 from tileops.ops import GemmCall
 
 from .._common.arith import AMPERE_AND_LATER, ceil_div, round_up
-from .._common.operands import aligned
+from .._common.operands import aligned, current_raw_stream
 from .base import _Gemm, with_bias
 from .programs import MMA_SYNC_ONLY, gemm_program, reduce_program, skinny_program
 from .tiles import (
@@ -203,7 +203,7 @@ class GemmSkinny(_Gemm):
         """The fixup kernel's float32 partials and its arrival counters, one per column tile,
         zero between calls (the last block resets its own). One set per stream: kernels on
         one stream run one after another, while two streams' calls could interleave."""
-        key = (device.index, _current_raw_stream(device))
+        key = (device.index, current_raw_stream(device))
         scratch = self._scratch.get(key)
         if scratch is None:
             plan = self.plan_
@@ -212,16 +212,6 @@ class GemmSkinny(_Gemm):
             counters = torch.zeros(ceil_div(n, plan.tile.block_n), dtype=torch.int32, device=device)
             scratch = self._scratch[key] = partials, counters
         return scratch
-
-
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from CPU builds
-
-
-def _current_raw_stream(device: torch.device) -> int:
-    """The current CUDA stream's handle on `device`, at the least host cost torch offers."""
-    if _RAW_STREAM is not None:
-        return _RAW_STREAM(device.index)
-    return torch.cuda.current_stream(device).cuda_stream
 
 
 def zero_padded(t: torch.Tensor, dim: int, extra: int) -> torch.Tensor:
