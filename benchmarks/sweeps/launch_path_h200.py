@@ -69,29 +69,23 @@ def direct_launches(kernel: Any, args: tuple) -> dict[str, Callable[[], Any]]:
 
 
 def decode_pieces(kernel: Any, args: tuple) -> dict[str, Callable[[], Any]]:
-    """The split-KV decode kernel's host path in pieces: its four output and partial buffers
-    allocated, and its two launches on preallocated buffers, through `Launch` (the entry
-    functions) and through TileLang's own calls."""
+    """The split-KV decode kernel's host path in pieces: its partials looked up and its two
+    outputs allocated, and its two launches on preallocated buffers, through `Launch` (the
+    entry functions) and through TileLang's own calls."""
     q, k, v, lens = args
-    batch, heads, q_len, dim = q.shape
-    rows, splits = heads * q_len, kernel.plan_.splits
-    q_rows = q.view(batch, rows, dim)
-    o_part = torch.empty((batch, rows, splits, dim), dtype=torch.float32, device=q.device)
-    lse_part = torch.empty((batch, rows, splits), dtype=torch.float32, device=q.device)
-    out = torch.empty((batch, rows, dim), dtype=q.dtype, device=q.device)
-    lse = torch.empty((batch, rows), dtype=torch.float32, device=q.device)
-    split_args, combine_args = (q_rows, k, v, lens, o_part, lse_part), (o_part, lse_part, out, lse)
+    o_part, lse_part = kernel._partials(q)
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
+    split_args, combine_args = (q, k, v, lens, o_part, lse_part), (o_part, lse_part, out, lse)
 
-    def empties() -> None:
-        for shape, dtype in ((o_part.shape, torch.float32), (lse_part.shape, torch.float32),
-                             (out.shape, q.dtype), (lse.shape, torch.float32)):  # fmt: skip
-            torch.empty(shape, dtype=dtype, device=q.device)
+    def allocations() -> None:
+        kernel._partials(q)
+        torch.empty_like(q), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
     def launches(run: list) -> Callable[[], Any]:
         return lambda: (run[0](*split_args), run[1](*combine_args))
 
     return {
-        "4 x torch.empty": empties,
+        "partials and outputs": allocations,
         "split launch, preallocated": lambda: kernel.launches[0](*split_args),
         "combine launch, preallocated": lambda: kernel.launches[1](*combine_args),
         "both launches, preallocated": launches(kernel.launches),

@@ -91,11 +91,15 @@ class Launch:
 
 def entry_function(kernel: Any) -> Callable[..., Any]:
     """The executable's entry function of a TVM-FFI kernel that allocates no output itself;
-    else the kernel's own call."""
+    else the kernel's own call. A kernel compiled in this process holds an executable to JIT;
+    one loaded from TileLang's disk cache (every process after the first) holds the loaded
+    module, whose `main` it is."""
     adapter = getattr(kernel, "adapter", None)
     try:
         if adapter.result_idx:
             return kernel
-        return adapter._get_executable().jit().main
+        executable = adapter._get_executable()
+        module = executable.jit() if hasattr(executable, "jit") else executable
+        return module.main
     except AttributeError:  # another execution backend, or another TileLang version
         return kernel
