@@ -99,3 +99,25 @@ def test_decode_splits_the_keys_until_the_grid_fills_the_sms():
     with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
         plan = kernels.TileLangFlashDecode.plan(call)  # 2 sequences x 4 kv heads = 8 blocks
     assert plan.splits == -(-132 * 2 // 8) and plan.rows == 8 and plan.block_h == 16
+
+
+def test_the_decodes_tma_plan_compiles_warp_specialized_for_sm_90a(tilelang_cache):
+    """The plan option the decode sweep measures (TUNING.md#decode-split): K and V through
+    TMA, three tiles in flight, a producer warpgroup beside the consumers."""
+    import dataclasses
+
+    from tileops_cuda.attention.plans import decode_plan
+
+    class TmaDecode(kernels.TileLangFlashDecode):
+        features, pass_configs = "a", None
+
+        @classmethod
+        def plan(cls, call):
+            return decode_plan(call, call.batch, call.kv_heads, tma_stages=3)
+
+    call = call_for(TmaDecode, 128, False, torch.bfloat16)
+    _, kernel = build(TmaDecode, call, 90)
+    assert dataclasses.astuple(kernel.plan_)[-2:] == (128, True)
+    split = sources(kernel)[0]
+    assert "tl::tma_load" in split and "cp_async" not in split
+    assert "__launch_bounds__(256" in split  # 128 producer threads beside the 128 consumers
