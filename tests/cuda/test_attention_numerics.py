@@ -233,3 +233,33 @@ def test_the_decode_partials_are_kept_per_stream_and_batch():
             torch.full((batch,), 3000, dtype=torch.int32, device="cuda"),
         )
     assert len(kernel._scratch) == base.PARTIAL_SETS
+
+
+def test_a_captured_decode_keeps_partials_of_its_own():
+    """A graph captured on a stream whose partials the kernel caches gets fresh ones: the
+    cached set is evicted later and its memory handed to other tensors, which the graph's
+    replays must not write."""
+    from tileops_cuda.attention import base, kernels
+
+    op = AttentionDecodeOp(causal=True)
+    q, k, v = inputs(2, 16, 4, 1, 3000, 128, BF16)
+    lens = torch.tensor([3000, 1234], dtype=torch.int32, device="cuda")
+    kernel = kernels.TileLangCacheDecode.entry_for(op._spec(q, k, v, None)[1])[1]()
+    stream, graph = torch.cuda.Stream(), torch.cuda.CUDAGraph()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        kernel.forward(q, k, v, lens)  # warm: this stream's set for batch 2 is cached
+        cached = {key: [id(t) for t in found] for key, found in kernel._scratch.items()}
+        shapes = [t.shape for found in kernel._scratch.values() for t in found]
+        with torch.cuda.graph(graph, stream=stream):
+            out, lse = kernel.forward(q, k, v, lens)
+        assert {key: [id(t) for t in found] for key, found in kernel._scratch.items()} == cached
+        for batch in range(3, base.PARTIAL_SETS + 4):  # evicts every set, the warm one too
+            full = torch.full((batch,), 3000, dtype=torch.int32, device="cuda")
+            kernel.forward(*(t[:1].expand(batch, -1, -1, -1).contiguous() for t in (q, k, v)), full)
+        others = [torch.full(shape, float("nan"), device="cuda") for shape in shapes * 16]
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    want = op.reference_forward(*(t.double() for t in (q, k, v)), lens)
+    check(out, lse, *want, BF16)
+    assert all(t.isnan().all() for t in others)

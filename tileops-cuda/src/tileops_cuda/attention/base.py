@@ -25,6 +25,7 @@ HALF = (torch.float16, torch.bfloat16)
 # The sm_80 lowering (mma.sync fed by cp.async), for builds that plain sm_90 also runs.
 MMA_SYNC_ONLY = {"tl.disable_warp_specialized": True, "tl.disable_wgmma": True}
 PARTIAL_SETS = 8
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False)
 
 
 def scale_refusal(call: Any) -> str | None:
@@ -161,14 +162,20 @@ class SplitDecode(_TileLang):
     def _partials(self, q: Tensor) -> tuple[Tensor, Tensor]:
         """The slices' float32 partials, reused from call to call per (stream, batch): on one
         stream a call's combine has read them before the next call's slices write them. At
-        most PARTIAL_SETS sets are kept (an engine's batch sizes vary)."""
+        most PARTIAL_SETS sets are kept (an engine's batch sizes vary). A call captured into
+        a CUDA graph gets fresh ones, from the graph's own memory: a set the graph kept would
+        be written by its replays after this cache let it go."""
+        if _capturing():
+            return self._new_partials(q)
         key = (q.device.index, current_raw_stream(q.device), q.shape[0])
         found = self._scratch.get(key)
         if found is None:
             if len(self._scratch) >= PARTIAL_SETS:
                 self._scratch.pop(next(iter(self._scratch)))
-            batch, heads, q_len, dim = q.shape
-            rows, splits = heads * q_len, self.plan_.splits
-            o_part = q.new_empty((batch, rows, splits, dim), dtype=torch.float32)
-            found = self._scratch[key] = o_part, q.new_empty(o_part.shape[:-1], dtype=torch.float32)
+            found = self._scratch[key] = self._new_partials(q)
         return found
+
+    def _new_partials(self, q: Tensor) -> tuple[Tensor, Tensor]:
+        batch, heads, q_len, dim = q.shape
+        o_part = q.new_empty((batch, heads * q_len, self.plan_.splits, dim), dtype=torch.float32)
+        return o_part, q.new_empty(o_part.shape[:-1], dtype=torch.float32)
