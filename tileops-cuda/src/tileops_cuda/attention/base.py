@@ -106,7 +106,6 @@ class _TileLang(Kernel):
     def __init__(self, plan: Any, compiled: list[Any]) -> None:
         self.plan_, self.compiled = plan, compiled
         self.launches = [Launch(program) for program in compiled]
-        self._scratch: dict[tuple, tuple[Tensor, Tensor]] = {}
 
 
 class FlashForward(_TileLang):
@@ -123,7 +122,7 @@ class FlashForward(_TileLang):
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         q, k, v = aligned(q), aligned(k), aligned(v)
         out = torch.empty_like(q)
-        lse = torch.empty(q.shape[:-1], dtype=torch.float32, device=q.device)
+        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
         self.launches[0](q, k, v, out, lse)
         return out, lse
 
@@ -146,6 +145,10 @@ class SplitDecode(_TileLang):
             lambda: split_program(call, plan, per_sequence),
             lambda: combine_program(call, plan),
         ]
+
+    def __init__(self, plan: Any, compiled: list[Any]) -> None:
+        super().__init__(plan, compiled)
+        self._scratch: dict[tuple, tuple[Tensor, Tensor]] = {}
 
     def decode(self, q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None) -> tuple:
         q, k, v = aligned(q), aligned(k), aligned(v)
