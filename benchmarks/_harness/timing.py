@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -24,24 +24,36 @@ def bench(fn: Callable[[], Any], rounds: int) -> float:
     return min(do_bench(fn, return_mode="median") for _ in range(rounds))
 
 
-def bench_all(
-    contenders: dict[str, Callable[[], Any]],
-    rounds: int,
-    contexts: dict[str, Callable[[], Any]] | None = None,
-) -> dict[str, float]:
+class Forced(NamedTuple):
+    """A contender run inside `context()` (an SDPA backend forced, a key pinned), entered around
+    its whole timing rather than per call: the context's own host cost (tens of microseconds,
+    as much as a decode call) is no part of the figure."""
+
+    context: Callable[[], Any]
+    fn: Callable[[], Any]
+
+
+def call_once(contender: Callable[[], Any] | Forced) -> Any:
+    """One call of a plain or forced contender (a forced one inside its context)."""
+    if not isinstance(contender, Forced):
+        return contender()
+    with contender.context():
+        return contender.fn()
+
+
+def bench_all(contenders: dict[str, Callable[[], Any] | Forced], rounds: int) -> dict[str, float]:
     """Milliseconds per contender: the best of `rounds` medians, the rounds interleaved across
     contenders, so a transient slowdown (compile workers still busy after torch.compile's first
-    call, clocks settling) cannot land on one contender's rounds only. `contexts[name]()` (a
-    backend forced, a key pinned) is entered around that contender's whole timing, so its own
-    cost is no part of the figure."""
+    call, clocks settling) cannot land on one contender's rounds only. A `Forced` contender's
+    context is entered around its whole timing."""
     from triton.testing import do_bench
 
-    contexts = contexts or {}
     best = dict.fromkeys(contenders, float("inf"))
     for _ in range(rounds):
         for name, fn in contenders.items():
-            with contexts.get(name, contextlib.nullcontext)():
-                best[name] = min(best[name], do_bench(fn, return_mode="median"))
+            context, call = fn if isinstance(fn, Forced) else (contextlib.nullcontext, fn)
+            with context():
+                best[name] = min(best[name], do_bench(call, return_mode="median"))
     return best
 
 

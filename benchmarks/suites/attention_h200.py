@@ -27,7 +27,7 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for _harness
 
@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from _harness.copies import copy_gbps
 from _harness.provenance import result_path, results_dir, run_stamp
-from _harness.timing import bench_all
+from _harness.timing import Forced, bench_all, call_once
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tileops
@@ -58,33 +58,11 @@ def randn(*shape: int, grad: bool = False) -> torch.Tensor:
     return torch.randn(shape, device="cuda", dtype=DTYPE).requires_grad_(grad)
 
 
-class Forced(NamedTuple):
-    """A contender run inside `context()` (an SDPA backend forced, a key pinned), entered
-    around its whole timing rather than per call: the context's own host cost (tens of
-    microseconds, as much as a decode call) is no part of the figure."""
-
-    context: Callable[[], Any]
-    fn: Callable[[], Any]
-
-
 def sdpa(backend: str, q, k, v, causal: bool) -> Forced:
     """torch's SDPA forced onto `backend`; the efficient one on repeated KV heads (given)."""
     gqa = k.shape[1] != q.shape[1]
     call = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)  # noqa: E731
     return Forced(lambda: sdpa_kernel(BACKENDS[backend]), call)
-
-
-def run(contender: Forced) -> Any:
-    """One call of a forced contender, its context entered for it."""
-    with contender.context():
-        return contender.fn()
-
-
-def timed_all(contenders: dict[str, Any], rounds: int) -> dict[str, float]:
-    """bench_all over plain and forced contenders, each forced one inside its context."""
-    plain = {n: c.fn if isinstance(c, Forced) else c for n, c in contenders.items()}
-    contexts = {n: c.context for n, c in contenders.items() if isinstance(c, Forced)}
-    return bench_all(plain, rounds, contexts)
 
 
 def keys_of(op_cls: type, interface: str) -> list[str]:
@@ -102,7 +80,7 @@ def pinned_call(op_cls: type, interface: str, key: str, call: Callable[[], Any])
 def served(name: str, fn: Any, check: Callable[[Any], float], notes: dict) -> bool:
     """Run `fn` once (builds, tunes), note its error against the baseline or why it refused."""
     try:
-        notes[name] = f"error {check(run(fn) if isinstance(fn, Forced) else fn()):.1e}"
+        notes[name] = f"error {check(call_once(fn)):.1e}"
         return True
     except TileOpsError as exc:  # refused where pinned, or no kernel for this device
         notes[name] = "not served: " + str(exc).splitlines()[0][:160]
@@ -121,7 +99,7 @@ def rel_error(want: torch.Tensor) -> Callable[[Any], float]:
 
 def forward_contenders(q, k, v, causal: bool, notes: dict) -> Timed:
     k_rep, v_rep = (t.repeat_interleave(HEADS // KV_HEADS, 1) for t in (k, v))
-    baseline = run(sdpa("sdpa_flash", q, k, v, causal))
+    baseline = call_once(sdpa("sdpa_flash", q, k, v, causal))
     check = rel_error(baseline)
     candidates: Timed = {
         "SDPA cuDNN": sdpa("sdpa_cudnn", q, k, v, causal),
@@ -152,7 +130,7 @@ def training_contenders(q, k, v, causal: bool, notes: dict) -> Timed:
 
         return backward
 
-    want = run(step(sdpa("sdpa_flash", q, k, v, causal)))
+    want = call_once(step(sdpa("sdpa_flash", q, k, v, causal)))
     check = rel_error(want)
     candidates: Timed = {
         "SDPA cuDNN": step(sdpa("sdpa_cudnn", q, k, v, causal)),
@@ -185,7 +163,7 @@ def prefill(seq: int, causal: bool, rounds: int, tokens: int) -> list[dict]:
                                 ("forward+backward", training_contenders, 3.5)):  # fmt: skip
         notes: dict[str, str] = {}
         with torch.no_grad() if part == "forward" else torch.enable_grad():
-            times = timed_all(build(q, k, v, causal, notes), rounds)
+            times = bench_all(build(q, k, v, causal, notes), rounds)
         for name, note in notes.items():
             ms = times.get(name)
             tflops = None if ms is None else factor * flops / ms / 1e9
@@ -199,7 +177,7 @@ def decode(batch: int, kv_len: int, rounds: int, copy: float) -> list[dict]:
     k, v = randn(batch, KV_HEADS, kv_len, DIM), randn(batch, KV_HEADS, kv_len, DIM)
     lens = torch.full((batch,), kv_len, dtype=torch.int32, device="cuda")
     notes: dict[str, str] = {}
-    check = rel_error(run(sdpa("sdpa_flash", q, k, v, False)))
+    check = rel_error(call_once(sdpa("sdpa_flash", q, k, v, False)))
     fwd, dec = AttentionFwdOp(causal=True), AttentionDecodeOp(causal=True)
     candidates: Timed = {
         "SDPA as called": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
@@ -216,7 +194,7 @@ def decode(batch: int, kv_len: int, rounds: int, copy: float) -> list[dict]:
         candidates[f"tileops AttentionDecodeOp {key}"] = pinned
     with torch.no_grad():
         timed = {n: f for n, f in candidates.items() if served(n, f, check, notes)}
-        times = timed_all(timed, rounds)
+        times = bench_all(timed, rounds)
     kv_bytes = 2 * k.numel() * k.element_size()
     rows = []
     for name, note in notes.items():

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from _harness.copies import copy_gbps
 from _harness.provenance import results_dir, run_stamp, write_markdown
-from _harness.timing import bench, graphed, host_profile, kernel_breakdown, loop_us
+from _harness.timing import Forced, bench, graphed, host_profile, kernel_breakdown, loop_us
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tileops import AttentionDecodeOp, AttentionFwdOp
@@ -86,8 +86,8 @@ def prebuild(job: tuple[int, int, str]) -> None:
 
 
 def contenders(batch: int, capacity: int, variants: list[str]) -> tuple[dict, torch.Tensor, int]:
-    """(name: call, or (SDPA backend, call), or the error that kept it from building), SDPA's
-    output to check against, the K and V bytes."""
+    """(name: call, or a Forced one, or the error that kept it from building), SDPA's output
+    to check against, the K and V bytes."""
     q = torch.randn(batch, HEADS, 1, DIM, device="cuda", dtype=DTYPE)
     k, v = (torch.randn(batch, KV_HEADS, capacity, DIM, device="cuda", dtype=DTYPE) for _ in "kv")
     lens = torch.full((batch,), capacity, dtype=torch.int32, device="cuda")
@@ -95,7 +95,7 @@ def contenders(batch: int, capacity: int, variants: list[str]) -> tuple[dict, to
     sdpa = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
     found: dict[str, Callable[[], Any]] = {"SDPA as called": sdpa}
     for name, backend in SDPA.items():
-        found[f"SDPA {name}"] = (backend, sdpa)  # the backend forced outside the clock
+        found[f"SDPA {name}"] = Forced(lambda backend=backend: sdpa_kernel(backend), sdpa)
     found["AttentionDecodeOp (dispatched)"] = lambda: dec(q, k, v, lens)
     found["AttentionFwdOp (dispatched)"] = lambda: fwd(q, k, v)
     for spec in variants:
@@ -110,7 +110,7 @@ def contenders(batch: int, capacity: int, variants: list[str]) -> tuple[dict, to
 
 
 def timed(fn: Callable[[], Any], rounds: int) -> tuple[float, float, float]:
-    """(graphed, called, loop) milliseconds."""
+    """(graphed, called, loop) milliseconds of a plain call (a forced one inside its context)."""
     return bench(graphed(fn), rounds), bench(fn, rounds), loop_us(fn) / 1e3
 
 
@@ -123,11 +123,9 @@ def rows_for(batch: int, capacity: int, variants: list[str], rounds: int) -> lis
         if isinstance(fn, Exception):
             lines.append(f"{label} failed: {type(fn).__name__}: {str(fn)[:100]} | | | | | |")
             continue
-        backend = None
-        if isinstance(fn, tuple):
-            backend, fn = fn
+        context, fn = fn if isinstance(fn, Forced) else (torch.no_grad, fn)
         try:
-            with sdpa_kernel(backend) if backend else torch.no_grad():
+            with context():
                 out = fn()
                 out = out[0] if isinstance(out, tuple) else out
                 error = float((out.float() - want).norm() / want.norm())
