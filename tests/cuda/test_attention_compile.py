@@ -121,3 +121,20 @@ def test_the_decodes_tma_plan_compiles_warp_specialized_for_sm_90a(tilelang_cach
     split = sources(kernel)[0]
     assert "tl::tma_load" in split and "cp_async" not in split
     assert "__launch_bounds__(256" in split  # 128 producer threads beside the 128 consumers
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+@pytest.mark.parametrize("block_size", [8, 16, 64, 256])
+def test_the_paged_decode_compiles_for_each_block_layout(arch, block_size, tilelang_cache):
+    """Blocks smaller than a key tile are loaded whole, several a tile; larger ones a slice."""
+    from tileops.ops import AttentionPagedDecodeCall
+
+    call = AttentionPagedDecodeCall(
+        device=torch.device("cuda:0"), batch=2, heads=32, kv_heads=8, q_len=1, num_blocks=512,
+        block_size=block_size, max_blocks=64, head_dim=128, v_dim=128, causal=False,
+        scale=128**-0.5, dtype=torch.bfloat16,
+    )  # fmt: skip
+    identity, kernel = build(kernels.TileLangPagedDecode, call, arch)
+    assert kernel.plan_.block_size == block_size and kernel.plan_ in identity
+    split = sources(kernel)[0]
+    assert "Table" in split and "cp_async" in split

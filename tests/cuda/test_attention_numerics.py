@@ -263,3 +263,26 @@ def test_a_captured_decode_keeps_partials_of_its_own():
     want = op.reference_forward(*(t.double() for t in (q, k, v)), lens)
     check(out, lse, *want, BF16)
     assert all(t.isnan().all() for t in others)
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 64, 256])
+@pytest.mark.parametrize("q_len, window", [(1, None), (3, None), (2, 50)])
+def test_the_tilelang_paged_decode_matches_the_float64_reference(block_size, q_len, window):
+    """Lengths from empty to the whole table, blocks shuffled, garbage in the table past each
+    sequence's length (never looked up)."""
+    batch, kv_heads, max_blocks = 5, 4, 3072 // block_size
+    q = inputs(batch, 16, kv_heads, q_len, 1, 128, BF16)[0]
+    num_blocks = batch * max_blocks + 3
+    k_cache, v_cache = (
+        torch.randn(num_blocks, kv_heads, block_size, 128, device="cuda", dtype=BF16) for _ in "kv"
+    )
+    table = torch.randperm(num_blocks, device="cuda")[: batch * max_blocks].view(batch, -1)
+    table = table.to(torch.int32)
+    lens = torch.tensor([0, 1, block_size + 3, 1000, 3072], dtype=torch.int32, device="cuda")
+    for b, n in enumerate(lens.tolist()):
+        table[b, -(-n // block_size) :] = -7  # entries past the length may hold anything
+    op = AttentionDecodeOp(True, None, window)
+    with pinned(AttentionDecodeOp, "attention_paged_decode", "tilelang_paged_decode"):
+        out, lse = op(q, k_cache, v_cache, lens, table)
+    want = op.reference_forward(q.double(), k_cache.double(), v_cache.double(), lens, table)
+    check(out, lse, *want, BF16)

@@ -86,6 +86,35 @@ def test_decode_over_per_sequence_lengths_is_tilelang_within_its_tile():
     assert decode_key(17) == decode_key(3, kv_heads=1) == "reference"  # 68 and 96 rows
 
 
+@pytest.mark.parametrize(
+    "block_size, q_len, expected",
+    [
+        (16, 1, "tilelang_paged_decode"),
+        (8, 16, "tilelang_paged_decode"),
+        (256, 1, "tilelang_paged_decode"),
+        (4, 1, "reference_paged"),
+        (24, 1, "reference_paged"),
+        (16, 17, "reference_paged"),
+    ],  # fmt: skip
+)
+def test_paged_decode_is_tilelang_for_power_of_two_blocks_within_its_tile(
+    block_size, q_len, expected
+):
+    from tileops.ops import AttentionPagedDecodeCall
+
+    call = AttentionPagedDecodeCall(
+        device=torch.device("cuda:0"), batch=4, heads=32, kv_heads=8, q_len=q_len,
+        num_blocks=4096, block_size=block_size, max_blocks=64, head_dim=128, v_dim=128,
+        causal=True, scale=0.1, dtype=BF16,
+    )  # fmt: skip
+    with simulate_device("cuda:0", arch=90, **SIMULATED[90]):
+        op = AttentionDecodeOp(causal=True)
+        assert op.key_for("attention_paged_decode", call) == expected
+        if expected == "reference_paged" and q_len == 1:
+            reasons = str(op.explain("attention_paged_decode", call))
+            assert f"block_size {block_size} is not served (a power of two, at least 8" in reasons
+
+
 def test_deterministic_mode_leaves_cudnn_out():
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)

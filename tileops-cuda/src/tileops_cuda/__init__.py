@@ -89,7 +89,10 @@ KERNELS = {
         "sdpa_flash": attention_kernels.SdpaFlashBackward,
         "sdpa_efficient": attention_kernels.SdpaEfficientBackward,
     },
-    AttentionDecodeOp: {"tilelang_flash_decode": attention_kernels.TileLangCacheDecode},
+    AttentionDecodeOp: {
+        "tilelang_flash_decode": attention_kernels.TileLangCacheDecode,
+        "tilelang_paged_decode": attention_kernels.TileLangPagedDecode,
+    },
 }
 """The kernels this package writes (TileLang, and torch's SDPA backends for attention): op
 class -> key -> kernel class."""

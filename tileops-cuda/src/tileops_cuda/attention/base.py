@@ -142,7 +142,7 @@ class SplitDecode(_TileLang):
     def programs(cls, call: Any, plan: Any) -> list[Any]:
         per_sequence = cls.per_sequence
         return [
-            lambda: split_program(call, plan, per_sequence),
+            lambda: split_program(call, plan, per_sequence, plan.block_size),
             lambda: combine_program(call, plan),
         ]
 
@@ -150,13 +150,17 @@ class SplitDecode(_TileLang):
         super().__init__(plan, compiled)
         self._scratch: dict[tuple, tuple[Tensor, Tensor]] = {}
 
-    def decode(self, q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None) -> tuple:
+    def decode(
+        self, q: Tensor, k: Tensor, v: Tensor, lens: Tensor | None, table: Tensor | None = None
+    ) -> tuple:
         q, k, v = aligned(q), aligned(k), aligned(v)
         o_part, lse_part = self._partials(q)
         if lens is None:
             self.launches[0](q, k, v, o_part, lse_part)
-        else:
+        elif table is None:
             self.launches[0](q, k, v, lens, o_part, lse_part)
+        else:
+            self.launches[0](q, k, v, lens, table, o_part, lse_part)
         out = torch.empty_like(q)  # head_dim == v_dim: out has q's shape
         lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
         self.launches[1](o_part, lse_part, out, lse)

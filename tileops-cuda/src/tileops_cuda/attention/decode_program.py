@@ -24,10 +24,13 @@ from .plans import DecodePlan
 NO_TMA = {"disable_tma": True}  # cp.async where the plan takes no TMA
 
 
-def split_program(call: AttentionCall, plan: DecodePlan, per_sequence: bool) -> Any:
+def split_program(
+    call: Any, plan: DecodePlan, per_sequence: bool, block_size: int | None = None
+) -> Any:
     """Partial (output, lse) of each (sequence, kv head, key slice): `OPart` (batch, heads *
     q_len, splits, dim) and `LsePart` (batch, heads * q_len, splits), float32, natural log;
-    a slice with no key seen writes zeros and -inf."""
+    a slice with no key seen writes zeros and -inf. `block_size`: a paged cache of blocks of
+    that many slots, found through `Table` (`paged_loads`); else one cache row per sequence."""
     import tilelang.language as T
 
     from .._common import tiles
@@ -35,13 +38,25 @@ def split_program(call: AttentionCall, plan: DecodePlan, per_sequence: bool) -> 
     dtype, dim, q_len = DTYPE_NAMES[call.dtype], call.head_dim, call.q_len
     rows, bh, bn, splits = plan.rows, plan.block_h, plan.block_n, plan.splits
     group = call.heads // call.kv_heads
-    batch, capacity = T.dynamic("batch"), T.dynamic("capacity")
+    batch = T.dynamic("batch")
+    if block_size is None:
+        capacity = T.dynamic("capacity")
+    else:
+        num_blocks, max_blocks = T.dynamic("num_blocks"), T.dynamic("max_blocks")
+        capacity = max_blocks * block_size
     softmax = online_softmax(bh, bn, call.scale * LOG2E)
     finish = finish_rows(bh, dim, call.scale)
     neg_inf = -T.infinity("float32")
     loads = {} if plan.tma else {"annotations": NO_TMA}
+    if block_size is not None:
+        load_tile = paged_loads(block_size, bn, loads)
+    else:
 
-    def main(Q=None, K=None, V=None, Lens=None, OPart=None, LsePart=None):
+        @T.macro
+        def load_tile(Cache, Table, tile, b, kv_head, k_start, length):
+            T.copy(Cache[b, kv_head, k_start : k_start + bn, :], tile, **loads)
+
+    def main(Q=None, K=None, V=None, Lens=None, Table=None, OPart=None, LsePart=None):
         with T.Kernel(splits, call.kv_heads, batch, threads=plan.threads) as (s, kv_head, b):
             q_tile = T.alloc_shared((bh, dim), dtype)
             k_tile = T.alloc_shared((bn, dim), dtype)
@@ -68,7 +83,7 @@ def split_program(call: AttentionCall, plan: DecodePlan, per_sequence: bool) -> 
                 T.max(T.ceildiv(stop - start, bn) - first, 0), num_stages=plan.stages
             ):
                 k_start = start + (first + t) * bn
-                T.copy(K[b, kv_head, k_start : k_start + bn, :], k_tile, **loads)
+                load_tile(K, Table, k_tile, b, kv_head, k_start, length)
                 for i, j in T.Parallel(bh, bn):
                     seen = visible(call, length - q_len + i % q_len, k_start + j, stop)
                     scores[i, j] = T.if_then_else(seen & (i < rows), 0.0, neg_inf)
@@ -77,7 +92,7 @@ def split_program(call: AttentionCall, plan: DecodePlan, per_sequence: bool) -> 
                 T.copy(scores, probs)
                 for i, j in T.Parallel(bh, dim):
                     acc[i, j] *= rescale[i]
-                T.copy(V[b, kv_head, k_start : k_start + bn, :], v_tile, **loads)
+                load_tile(V, Table, v_tile, b, kv_head, k_start, length)
                 T.gemm(probs, v_tile, acc, policy=T.GemmWarpPolicy.FullCol)
             finish(acc, row_max, row_sum, lse)
             for i, j in T.Parallel(bh, dim):
@@ -88,16 +103,48 @@ def split_program(call: AttentionCall, plan: DecodePlan, per_sequence: bool) -> 
                     LsePart[b, kv_head * rows + i, s] = lse[i]
 
     total = call.heads * q_len
+    rows_of = (batch, call.kv_heads, capacity, dim)  # one cache row per sequence
+    if block_size is not None:
+        rows_of = (num_blocks, call.kv_heads, block_size, dim)
+    caches = {"K": rows_of, "V": rows_of}
     shapes = {
         "Q": (batch, call.heads, q_len, dim),
-        "K": (batch, call.kv_heads, capacity, dim),
-        "V": (batch, call.kv_heads, capacity, dim),
+        **caches,
         **({"Lens": (batch,)} if per_sequence else {}),  # else every sequence fills the cache
+        **({"Table": (batch, max_blocks)} if block_size is not None else {}),
         "OPart": (batch, total, splits, dim),
         "LsePart": (batch, total, splits),
     }
-    dtypes = {"Lens": "int32", "OPart": "float32", "LsePart": "float32"}
+    dtypes = {"Lens": "int32", "Table": "int32", "OPart": "float32", "LsePart": "float32"}
     return tiles.prim_func(main, dtype, dtypes, **shapes)
+
+
+def paged_loads(block_size: int, bn: int, loads: dict) -> Any:
+    """The macro that loads the `bn` keys (or values) from `k_start` of a paged cache into a
+    tile: one block's slice where a block holds a tile (block_size a multiple of bn), else the
+    tile's bn // block_size whole blocks. A block at or past the sequence's length is never
+    looked up (its table entry may hold anything): block 0 stands in, its keys masked."""
+    import tilelang.language as T
+
+    if block_size % bn == 0:
+
+        @T.macro
+        def load(Cache, Table, tile, b, kv_head, k_start, length):
+            block = T.if_then_else(k_start < length, Table[b, k_start // block_size], 0)
+            offset = k_start % block_size
+            T.copy(Cache[block, kv_head, offset : offset + bn, :], tile, **loads)
+
+        return load
+
+    @T.macro
+    def load_blocks(Cache, Table, tile, b, kv_head, k_start, length):
+        for p in T.unroll(bn // block_size):
+            first = k_start + p * block_size
+            block = T.if_then_else(first < length, Table[b, first // block_size], 0)
+            T.copy(Cache[block, kv_head, 0:block_size, :],
+                   tile[p * block_size : (p + 1) * block_size, :], **loads)  # fmt: skip
+
+    return load_blocks
 
 
 def combine_program(call: AttentionCall, plan: DecodePlan) -> Any:

@@ -1,6 +1,6 @@
 """Attention kernels: torch's SDPA backends (vendor) and TileLang's, on the "attention"
 interface of AttentionFwdOp, the "attention_bwd" interface of AttentionBwdOp and the
-"attention_decode" interface of AttentionDecodeOp.
+"attention_decode" and "attention_paged_decode" interfaces of AttentionDecodeOp.
 
 | key                     | archs     | serves                                    | preferred over |
 |-------------------------|-----------|-------------------------------------------|----------------|
@@ -14,6 +14,8 @@ interface of AttentionFwdOp, the "attention_bwd" interface of AttentionBwdOp and
 | tilelang_flash_fwd      | sm_80..89 | 16-bit; head_dim = v_dim in {64, 128};    |                |
 | tilelang_flash_fwd_sm90 | sm_90     | every mask; q_len > DECODE_Q_LEN          |                |
 | tilelang_flash_decode   | sm_80..90 | as the forward, q_len <= DECODE_Q_LEN     |                |
+| tilelang_paged_decode   | sm_80..90 | as the decode, over a paged cache: blocks |                |
+|                         |           | of a power of two >= 8 slots              |                |
 
 No SDPA kernel takes a sliding window. Every SDPA kernel is also preferred over every TileLang
 key; the backward interface has the three SDPA kernels alone, in the same order.
@@ -27,6 +29,7 @@ sequence lengths) and what a pin or an operator preference gives them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable
 from typing import Any, ClassVar
 
@@ -39,12 +42,13 @@ from tileops.ops import (
     AttentionCall,
     AttentionDecodeInterface,
     AttentionInterface,
+    AttentionPagedDecodeInterface,
 )
 
 from .._common.arith import AMPERE_AND_LATER
 from . import sdpa
 from .base import FlashForward, SplitDecode, decode_region, scale_refusal
-from .plans import DECODE_ROWS
+from .plans import DECODE_BLOCK_N, DECODE_ROWS
 
 HALF = (torch.float16, torch.bfloat16)
 Tensor = torch.Tensor
@@ -281,3 +285,46 @@ class TileLangCacheDecode(SplitDecode, AttentionDecodeInterface):
         self, q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor
     ) -> tuple[Tensor, Tensor]:
         return self.decode(q, k_cache, v_cache, cache_seqlens)
+
+
+MIN_BLOCK_SIZE = 8
+"""The fewest slots per block the paged decode reads block by block (16-byte rows, at least
+one per thread of a copy); smaller blocks go to the reference."""
+
+
+def paged_refusal(call: Any) -> str | None:
+    """A key tile lies within one block, or holds whole blocks: block sizes are powers of two
+    from MIN_BLOCK_SIZE (the tile is DECODE_BLOCK_N keys)."""
+    size = call.block_size
+    if size < MIN_BLOCK_SIZE or size & (size - 1):
+        return (
+            f"block_size {size} is not served (a power of two, at least {MIN_BLOCK_SIZE}: a "
+            f"tile of {DECODE_BLOCK_N} keys lies within a block or holds whole ones)"
+        )
+    return None
+
+
+class TileLangPagedDecode(SplitDecode, AttentionPagedDecodeInterface):
+    """Split-KV decode over a paged cache: each tile of keys and values loaded through the
+    block table, one block's slice or whole blocks at a time."""
+
+    supported_archs = AMPERE_AND_LATER
+    per_sequence = True
+
+    @classmethod
+    def region_refusal(cls, call: Any) -> str | None:
+        return decode_region(call) or paged_refusal(call)
+
+    @classmethod
+    def plan(cls, call: Any) -> Hashable:
+        return dataclasses.replace(super().plan(call), block_size=call.block_size)
+
+    def forward(
+        self,
+        q: Tensor,
+        k_cache: Tensor,
+        v_cache: Tensor,
+        cache_seqlens: Tensor,
+        block_table: Tensor,
+    ) -> tuple[Tensor, Tensor]:
+        return self.decode(q, k_cache, v_cache, cache_seqlens, block_table)

@@ -44,6 +44,7 @@ class DecodePlan:
     stages: int
     threads: int
     tma: bool = False  # K and V tiles through TMA (sm_90a), `stages` in flight
+    block_size: int | None = None  # a paged cache's slots per block; None: one row a sequence
 
 
 def fwd_smem_bytes(call: AttentionCall, block_n: int, stages: int) -> int:
