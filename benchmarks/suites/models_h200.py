@@ -13,13 +13,15 @@ Models nobody here wrote, built from configs with random weights (no downloads):
 Each work is timed for two contenders, each on a fresh model from the same seed (built on the
 device, in its dtype): eager and kernelized (a causal LM in training also through
 `kernelize_loss`, its loss without the logits); works named in `--compile-works` (default: the
-prefill) also for `torch.compile` of eager and of kernelized. Each with its peak memory (weights
+prefill) also for `torch.compile` of eager and of kernelized; with `--attention`, Llama also
+with its attention alone through tileops (`attn_implementation="tileops"`, against the SDPA
+default that eager runs). Each with its peak memory (weights
 included). Training works also run 20 steps of eager and of kernelized on the same
 batches and report the largest loss difference against the bfloat16 tolerance.
 
     python benchmarks/suites/models_h200.py [--models llama,resnet50,encoder]
-        [--works train,prefill,decode,eval] [--compile-works prefill] [--steps 20] [--tiny]
-        [--out DIR]
+        [--works train,prefill,decode,eval] [--compile-works prefill] [--attention]
+        [--steps 20] [--tiny] [--out DIR]
 
 `--tiny` shrinks every model so the script runs on a CPU in a minute (a smoke run; its figures
 mean nothing). Writes `<out>/models_<device>.{md,json}` stamped with date, device and commit.
@@ -245,13 +247,18 @@ def works(device: str, tiny: bool) -> list[Work]:
 # ---- contenders and timing ------------------------------------------------------------------
 
 
-def contender(work: Work, kernelized: bool, compiled: bool) -> tuple[torch.nn.Module, str]:
+def contender(
+    work: Work, kernelized: bool, compiled: bool, attention: bool = False
+) -> tuple[torch.nn.Module, str]:
     """A fresh model for `work` from the same seed, kernelized and compiled as asked, and the
-    kernelize report's first line (what was swapped)."""
+    kernelize report's first line (what was swapped). `attention`: the transformers model's
+    attention alone set to `attn_implementation="tileops"`, nothing else swapped."""
     torch.manual_seed(0)
     model = work.build()
     model.train(work.training)
     report = ""
+    if attention:
+        model.set_attn_implementation(tileops.nn.register_transformers_attention())
     if kernelized:
         report = str(tileops.nn.kernelize(model)).splitlines()[0]
         if work.training and hasattr(model, "lm_head"):  # the causal-LM loss without logits
@@ -289,16 +296,20 @@ def losses(work: Work, kernelized: bool, steps: int) -> list[float]:
     return found
 
 
-def measure(work: Work, device: str, steps: int, compile_too: bool) -> dict[str, Any]:
+def measure(
+    work: Work, device: str, steps: int, compile_too: bool, attention: bool
+) -> dict[str, Any]:
     """Every contender's median step time and peak memory, and the loss check."""
     row: dict[str, Any] = {"model": work.model, "work": work.work}
-    variants = [("eager", False, False), ("kernelized", True, False)]
+    variants = [("eager", False, False, False), ("kernelized", True, False, False)]
     if compile_too:
-        variants += [("compiled", False, True), ("compiled+kernelized", True, True)]
-    for name, kernelized, compiled in variants:
+        variants += [("compiled", False, True, False), ("compiled+kernelized", True, True, False)]
+    if attention and work.model == "llama":
+        variants.append(("tileops attention", False, False, True))
+    for name, kernelized, compiled, attend in variants:
         _release(device)
         try:
-            model, report = contender(work, kernelized, compiled)
+            model, report = contender(work, kernelized, compiled, attend)
             row[f"{name} ms"] = time_steps(work, model, device, steps)
             row[f"{name} GiB"] = _peak_gib(device)
             if report:
@@ -350,8 +361,9 @@ def table(rows: list[dict[str, Any]], stamp: dict[str, Any]) -> list[str]:
     lines = [f"# Models, eager against kernelized ({stamp['device']})", "",
              "  ".join(f"{k}: {v}" for k, v in stamp.items()), "",
              "| model | work | eager ms | kernelized ms | ratio | compiled ms | compiled+k ms | "
-             "ratio | eager GiB | kernelized GiB | losses agree (max rel diff) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "ratio | tileops attention ms | ratio | eager GiB | kernelized GiB | "
+             "losses agree (max rel diff) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for row in rows:
         agree = row.get("losses agree", "—")
         if "loss max rel diff" in row:
@@ -359,7 +371,9 @@ def table(rows: list[dict[str, Any]], stamp: dict[str, Any]) -> list[str]:
         cells = [row["model"], row["work"], *(_cell(row.get(f"{n} ms")) for n in
                  ("eager", "kernelized")), _ratio(row, "eager", "kernelized"),
                  *(_cell(row.get(f"{n} ms")) for n in ("compiled", "compiled+kernelized")),
-                 _ratio(row, "compiled", "compiled+kernelized"), _cell(row.get("eager GiB")),
+                 _ratio(row, "compiled", "compiled+kernelized"),
+                 _cell(row.get("tileops attention ms")), _ratio(row, "eager", "tileops attention"),
+                 _cell(row.get("eager GiB")),
                  _cell(row.get("kernelized GiB")), str(agree)]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "What kernelize swapped:", ""]
@@ -374,6 +388,10 @@ def main() -> None:
     parser.add_argument(
         "--compile-works", default="prefill", help="substrings of works also timed compiled"
     )
+    parser.add_argument(
+        "--attention", action="store_true",
+        help='also time llama with attn_implementation="tileops" alone (the SDPA default beside)',
+    )  # fmt: skip
     parser.add_argument("--steps", type=int, default=20, help="timed steps per contender")
     parser.add_argument("--tiny", action="store_true", help="small models: a CPU smoke run")
     parser.add_argument("--out", default=str(results_dir("models")))
@@ -387,7 +405,7 @@ def main() -> None:
         if wanted_works and not any(w in work.work for w in wanted_works):
             continue
         compile_too = any(w and w in work.work for w in args.compile_works.split(","))
-        rows.append(measure(work, device, args.steps, compile_too))
+        rows.append(measure(work, device, args.steps, compile_too, args.attention))
         print(json.dumps(rows[-1], default=str), flush=True)
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     stamp = run_stamp() if device == "cuda" else {"device": "cpu"}
