@@ -18,6 +18,7 @@ from .._common.compile import Launch, build_program
 from .._common.operands import aligned, current_raw_stream
 from .decode_program import combine_program, split_program
 from .fwd_program import fwd_program
+from .fwd_ws_program import fwd_ws_program
 from .plans import DECODE_ROWS, HEAD_DIMS, decode_plan, decode_rows, fwd_plan
 
 Tensor = torch.Tensor
@@ -117,7 +118,8 @@ class FlashForward(_TileLang):
 
     @classmethod
     def programs(cls, call: Any, plan: Any) -> list[Any]:
-        return [lambda: fwd_program(call, plan)]
+        program = fwd_ws_program if plan.overlap else fwd_program
+        return [lambda: program(call, plan)]
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         q, k, v = aligned(q), aligned(k), aligned(v)

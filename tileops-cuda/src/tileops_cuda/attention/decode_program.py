@@ -64,8 +64,8 @@ def split_program(
             scores = T.alloc_fragment((bh, bn), "float32")
             probs = T.alloc_shared((bh, bn), dtype)  # through shared: warps split the keys
             acc = T.alloc_fragment((bh, dim), "float32")
-            stats = [T.alloc_fragment((bh,), "float32") for _ in range(6)]
-            row_max, prev_max, rescale, tile_sum, row_sum, lse = stats
+            stats = [T.alloc_fragment((bh,), "float32") for _ in range(7)]
+            row_max, prev_max, scaled_max, rescale, tile_sum, row_sum, lse = stats
             length = Lens[b] if per_sequence else capacity
             chunk = T.ceildiv(T.ceildiv(capacity, splits), bn) * bn
             start = s * chunk
@@ -88,7 +88,7 @@ def split_program(
                     seen = visible(call, length - q_len + i % q_len, k_start + j, stop)
                     scores[i, j] = T.if_then_else(seen & (i < rows), 0.0, neg_inf)
                 T.gemm(q_tile, k_tile, scores, transpose_B=True, policy=T.GemmWarpPolicy.FullCol)
-                softmax(scores, row_max, prev_max, rescale, tile_sum, row_sum)
+                softmax(scores, row_max, prev_max, scaled_max, rescale, tile_sum, row_sum)
                 T.copy(scores, probs)
                 for i, j in T.Parallel(bh, dim):
                     acc[i, j] *= rescale[i]

@@ -38,6 +38,19 @@ def key_tiles(call: AttentionCall, plan: FwdPlan, q_start, q_len, kv_len) -> tup
     return first, end
 
 
+def tile_masked(call: AttentionCall, plan: FwdPlan, q_start, k_start, q_len, kv_len):
+    """Whether some row of the block from `q_start` misses some key of the tile from `k_start`
+    (a TIR condition): the tile past kv_len, the causal edge past the first row's position, the
+    window start past the last row's. Other tiles skip the mask."""
+    offset = kv_len - q_len
+    masked = k_start + plan.block_n > kv_len
+    if call.causal:
+        masked = masked | (k_start + plan.block_n - 1 > q_start + offset)
+    if call.window is not None:
+        masked = masked | (k_start <= q_start + plan.block_m - 1 + offset - call.window)
+    return masked
+
+
 def visible(call: AttentionCall, q_pos, k_pos, kv_len):
     """Whether the query at position `q_pos` sees the key at `k_pos` (a TIR condition)."""
     seen = k_pos < kv_len
@@ -48,27 +61,44 @@ def visible(call: AttentionCall, q_pos, k_pos, kv_len):
     return seen
 
 
-def online_softmax(rows: int, cols: int, scale_log2: float) -> Any:
-    """The online softmax step over one tile of scores `S` (masked ones -inf): new running max
-    `M` (previous in `M_prev`), the factor `rescale` the earlier sum and output shrink by, the
-    tile's exponentials in place of the scores, and the running sum `L`. Rows still at -inf
-    keep a factor of 1 and exponentials of 0 (no exp(-inf - -inf))."""
+def mask_scores(call: AttentionCall, plan: FwdPlan) -> Any:
+    """Start a tile of scores at 0 where its key is seen and -inf where not; only tiles some
+    row misses (`tile_masked`) evaluate the mask, the rest are cleared."""
     import tilelang.language as T
 
     neg_inf = -T.infinity("float32")
 
     @T.macro
-    def step(S, M, M_prev, rescale, tile_sum, L):
+    def mask(scores, q_start, k_start, q_len, kv_len):
+        if tile_masked(call, plan, q_start, k_start, q_len, kv_len):
+            for i, j in T.Parallel(plan.block_m, plan.block_n):
+                seen = visible(call, q_start + i + kv_len - q_len, k_start + j, kv_len)
+                scores[i, j] = T.if_then_else(seen, 0.0, neg_inf)
+        else:
+            T.clear(scores)
+
+    return mask
+
+
+def online_softmax(rows: int, cols: int, scale_log2: float) -> Any:
+    """The online softmax step over one tile of scores `S` (masked ones -inf): new running max
+    `M` (previous in `M_prev`), the factor `rescale` the earlier sum and output shrink by, the
+    tile's exponentials in place of the scores, and the running sum `L`. A row still at -inf
+    subtracts 0 instead of its max (`M_scaled`), so its exponentials and factor are exp2(-inf)
+    = 0, never exp(-inf - -inf): one test a row, none an element."""
+    import tilelang.language as T
+
+    neg_inf = -T.infinity("float32")
+
+    @T.macro
+    def step(S, M, M_prev, M_scaled, rescale, tile_sum, L):
         T.copy(M, M_prev)
         T.reduce_max(S, M, dim=1, clear=False)
         for i in T.Parallel(rows):
-            rescale[i] = T.if_then_else(
-                M[i] == neg_inf, 1.0, T.exp2((M_prev[i] - M[i]) * scale_log2)
-            )
+            M_scaled[i] = T.if_then_else(M[i] == neg_inf, 0.0, M[i] * scale_log2)
+            rescale[i] = T.exp2(M_prev[i] * scale_log2 - M_scaled[i])
         for i, j in T.Parallel(rows, cols):
-            S[i, j] = T.if_then_else(
-                M[i] == neg_inf, 0.0, T.exp2(S[i, j] * scale_log2 - M[i] * scale_log2)
-            )
+            S[i, j] = T.exp2(S[i, j] * scale_log2 - M_scaled[i])
         T.reduce_sum(S, tile_sum, dim=1)
         for i in T.Parallel(rows):
             L[i] = L[i] * rescale[i] + tile_sum[i]
@@ -107,6 +137,9 @@ def fwd_program(call: AttentionCall, plan: FwdPlan) -> Any:
     finish = finish_rows(bm, dim, call.scale)
     neg_inf = -T.infinity("float32")
 
+    mask = mask_scores(call, plan)
+    full_row = T.GemmWarpPolicy.FullRow
+
     def main(Q, K, V, Out, Lse):
         with T.Kernel(T.ceildiv(q_len, bm), heads, batch, threads=plan.threads) as (bx, head, b):
             q_tile = T.alloc_shared((bm, dim), dtype)
@@ -118,6 +151,7 @@ def fwd_program(call: AttentionCall, plan: FwdPlan) -> Any:
             acc = T.alloc_fragment((bm, dim), "float32")
             row_max = T.alloc_fragment((bm,), "float32")
             prev_max = T.alloc_fragment((bm,), "float32")
+            scaled_max = T.alloc_fragment((bm,), "float32")
             rescale = T.alloc_fragment((bm,), "float32")
             tile_sum = T.alloc_fragment((bm,), "float32")
             row_sum = T.alloc_fragment((bm,), "float32")
@@ -132,16 +166,14 @@ def fwd_program(call: AttentionCall, plan: FwdPlan) -> Any:
             for t in T.Pipelined(end - first, num_stages=plan.stages):
                 k_start = (first + t) * bn
                 T.copy(K[b, kv_head, k_start : k_start + bn, :], k_tile)
-                for i, j in T.Parallel(bm, bn):
-                    seen = visible(call, q_start + i + kv_len - q_len, k_start + j, kv_len)
-                    scores[i, j] = T.if_then_else(seen, 0.0, neg_inf)
-                T.gemm(q_tile, k_tile, scores, transpose_B=True, policy=T.GemmWarpPolicy.FullRow)
-                softmax(scores, row_max, prev_max, rescale, tile_sum, row_sum)
+                mask(scores, q_start, k_start, q_len, kv_len)
+                T.gemm(q_tile, k_tile, scores, transpose_B=True, policy=full_row)
+                softmax(scores, row_max, prev_max, scaled_max, rescale, tile_sum, row_sum)
                 T.copy(scores, probs)
                 for i, j in T.Parallel(bm, dim):
                     acc[i, j] *= rescale[i]
                 T.copy(V[b, kv_head, k_start : k_start + bn, :], v_tile)
-                T.gemm(probs, v_tile, acc, policy=T.GemmWarpPolicy.FullRow)
+                T.gemm(probs, v_tile, acc, policy=full_row)
             finish(acc, row_max, row_sum, lse)
             T.copy(acc, o_tile)
             T.copy(o_tile, Out[b, head, q_start : q_start + bm, :])

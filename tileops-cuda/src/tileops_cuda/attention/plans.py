@@ -30,6 +30,7 @@ class FwdPlan:
     block_n: int
     stages: int
     threads: int
+    overlap: bool = False  # fwd_ws_program: warp-specialized, softmax beside the MMAs (sm_90a)
 
 
 @dataclass(frozen=True)

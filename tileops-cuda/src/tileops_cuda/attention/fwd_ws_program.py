@@ -1,0 +1,137 @@
+"""The forward in FlashAttention 3's manner for sm_90a: a producer warpgroup loads the K and V
+tiles by TMA into a ring of `plan.stages` buffers (full and free mbarriers a slot), while two
+consumer warpgroups (64 query rows each) issue tile t's Q K^T and tile t-1's P V as
+asynchronous wgmma, run tile t's softmax while P V is still on the tensor cores, then rescale
+the output. Masks, tiles visited, grouped-query heads and the outputs are those of
+`fwd_program`; batch, q_len and kv_len are symbolic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tileops.ops import AttentionCall
+
+from .._common.arith import DTYPE_NAMES
+from .fwd_program import LOG2E, finish_rows, key_tiles, mask_scores, online_softmax
+from .plans import FwdPlan
+
+CONSUMERS = 256  # two warpgroups: the MMA's 64 rows each, 128 query rows a block
+PRODUCER = 128  # one warpgroup issuing TMA (its registers given back to the consumers)
+CONSUMER_REGISTERS, PRODUCER_REGISTERS = 240, 24
+
+
+def fwd_ws_program(call: AttentionCall, plan: FwdPlan) -> Any:
+    """The prim_func of the overlapped forward for `call` under `plan` (block_m 128)."""
+    import tilelang.language as T
+
+    from .._common import tiles
+
+    dtype, dim = DTYPE_NAMES[call.dtype], call.head_dim
+    heads, kv_heads, group = call.heads, call.kv_heads, call.heads // call.kv_heads
+    bm, bn, stages = plan.block_m, plan.block_n, plan.stages
+    batch, q_len, kv_len = T.dynamic("batch"), T.dynamic("q_len"), T.dynamic("kv_len")
+    softmax = online_softmax(bm, bn, call.scale * LOG2E)
+    finish = finish_rows(bm, dim, call.scale)
+    mask = mask_scores(call, plan)
+    full_row = T.GemmWarpPolicy.FullRow
+    neg_inf = -T.infinity("float32")
+
+    def main(Q, K, V, Out, Lse):
+        with T.Kernel(
+            T.ceildiv(q_len, bm), heads, batch, threads=CONSUMERS + PRODUCER
+        ) as (bx, head, b):
+            q_tile = T.alloc_shared((bm, dim), dtype)  # the output's staging at the end
+            k_tiles = T.alloc_shared((stages, bn, dim), dtype)
+            v_tiles = T.alloc_shared((stages, bn, dim), dtype)
+            scores = T.alloc_fragment((bm, bn), "float32")
+            probs = T.alloc_fragment((bm, bn), dtype)
+            acc = T.alloc_fragment((bm, dim), "float32")
+            row_max = T.alloc_fragment((bm,), "float32")
+            prev_max = T.alloc_fragment((bm,), "float32")
+            scaled_max = T.alloc_fragment((bm,), "float32")
+            rescale = T.alloc_fragment((bm,), "float32")
+            tile_sum = T.alloc_fragment((bm,), "float32")
+            row_sum = T.alloc_fragment((bm,), "float32")
+            lse = T.alloc_fragment((bm,), "float32")
+            q_ready = T.alloc_barrier(arrive_count=CONSUMERS + PRODUCER)
+            k_full = T.alloc_barrier(arrive_count=[PRODUCER] * stages)
+            v_full = T.alloc_barrier(arrive_count=[PRODUCER] * stages)
+            k_free = T.alloc_barrier(arrive_count=[CONSUMERS] * stages)
+            v_free = T.alloc_barrier(arrive_count=[CONSUMERS] * stages)
+            tx = T.get_thread_binding()
+            kv_head = head // group
+            q_start = bx * bm
+            first, end = key_tiles(call, plan, q_start, q_len, kv_len)
+            tiles_n = end - first
+            T.tma_copy(Q[b, head, q_start : q_start + bm, :], q_tile, barrier=q_ready)
+            T.barrier_arrive(q_ready)
+            if tx >= CONSUMERS:
+                T.set_max_nreg(PRODUCER_REGISTERS, 0)
+                for t in T.serial(tiles_n):
+                    k_start = (first + t) * bn
+                    slot, lap = t % stages, (t // stages) & 1
+                    T.barrier_wait(k_free[slot], lap ^ 1)
+                    T.tma_copy(
+                        K[b, kv_head, k_start : k_start + bn, :], k_tiles[slot, :, :],
+                        barrier=k_full[slot],
+                    )  # fmt: skip
+                    T.barrier_arrive(k_full[slot])
+                    T.barrier_wait(v_free[slot], lap ^ 1)
+                    T.tma_copy(
+                        V[b, kv_head, k_start : k_start + bn, :], v_tiles[slot, :, :],
+                        barrier=v_full[slot],
+                    )  # fmt: skip
+                    T.barrier_arrive(v_full[slot])
+            else:
+                T.set_max_nreg(CONSUMER_REGISTERS, 1)
+                T.fill(acc, 0)
+                T.fill(row_sum, 0)
+                T.fill(row_max, neg_inf)
+                T.barrier_wait(q_ready, 0)
+                if tiles_n > 0:
+                    T.barrier_wait(k_full[0], 0)
+                    mask(scores, q_start, first * bn, q_len, kv_len)
+                    T.wgmma_gemm(q_tile, k_tiles[0, :, :], scores, transpose_B=True, policy=full_row)
+                    T.wait_wgmma(0)
+                    T.barrier_arrive(k_free[0])
+                    softmax(scores, row_max, prev_max, scaled_max, rescale, tile_sum, row_sum)
+                    T.copy(scores, probs)
+                    for t in T.serial(1, tiles_n):
+                        slot, lap = t % stages, (t // stages) & 1
+                        done, done_lap = (t - 1) % stages, ((t - 1) // stages) & 1
+                        T.barrier_wait(k_full[slot], lap)
+                        mask(scores, q_start, (first + t) * bn, q_len, kv_len)
+                        T.wgmma_gemm(
+                            q_tile, k_tiles[slot, :, :], scores, transpose_B=True, policy=full_row
+                        )
+                        T.barrier_wait(v_full[done], done_lap)
+                        T.wgmma_gemm(probs, v_tiles[done, :, :], acc, policy=full_row)
+                        T.wait_wgmma(1)  # Q K^T, the older; P V may still run
+                        T.barrier_arrive(k_free[slot])
+                        softmax(scores, row_max, prev_max, scaled_max, rescale, tile_sum, row_sum)
+                        T.wait_wgmma(0)
+                        T.barrier_arrive(v_free[done])
+                        for i, j in T.Parallel(bm, dim):
+                            acc[i, j] *= rescale[i]
+                        T.copy(scores, probs)
+                    last, last_lap = (tiles_n - 1) % stages, ((tiles_n - 1) // stages) & 1
+                    T.barrier_wait(v_full[last], last_lap)
+                    T.wgmma_gemm(probs, v_tiles[last, :, :], acc, policy=full_row)
+                    T.wait_wgmma(0)
+                    T.barrier_arrive(v_free[last])
+                finish(acc, row_max, row_sum, lse)
+                T.copy(acc, q_tile)
+                T.copy(q_tile, Out[b, head, q_start : q_start + bm, :])
+                for i in T.Parallel(bm):
+                    if q_start + i < q_len:
+                        Lse[b, head, q_start + i] = lse[i]
+
+    shapes = {
+        "Q": (batch, heads, q_len, dim),
+        "K": (batch, kv_heads, kv_len, dim),
+        "V": (batch, kv_heads, kv_len, dim),
+        "Out": (batch, heads, q_len, dim),
+        "Lse": (batch, heads, q_len),
+    }
+    return tiles.prim_func(main, dtype, {"Lse": "float32"}, **shapes)
