@@ -22,7 +22,6 @@ import argparse
 import dataclasses
 import multiprocessing
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 

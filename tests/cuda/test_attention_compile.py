@@ -24,7 +24,7 @@ UNIFORM_DECODES = [(kernels.TileLangFlashDecode, 80), (kernels.TileLangFlashDeco
 
 
 def call_for(cls, dim: int, causal: bool, dtype: torch.dtype, window: int | None = None):
-    q_len = 1024 if cls in (kernels.TileLangFlashFwd, kernels.TileLangFlashFwdSm90) else 2
+    q_len = 1024 if issubclass(cls, (kernels.TileLangFlashFwd, kernels.TileLangFlashFwdSm90)) else 2
     fields = dict(
         device=torch.device("cuda:0"), batch=2, heads=16, kv_heads=4, q_len=q_len,
         head_dim=dim, v_dim=dim, causal=causal, scale=dim**-0.5, dtype=dtype, window=window,
@@ -104,8 +104,6 @@ def test_decode_splits_the_keys_until_the_grid_fills_the_sms():
 def test_the_decodes_tma_plan_compiles_warp_specialized_for_sm_90a(tilelang_cache):
     """The plan option the decode sweep measures (TUNING.md#decode-split): K and V through
     TMA, three tiles in flight, a producer warpgroup beside the consumers."""
-    import dataclasses
-
     from tileops_cuda.attention.plans import decode_plan
 
     class TmaDecode(kernels.TileLangFlashDecode):
@@ -117,7 +115,7 @@ def test_the_decodes_tma_plan_compiles_warp_specialized_for_sm_90a(tilelang_cach
 
     call = call_for(TmaDecode, 128, False, torch.bfloat16)
     _, kernel = build(TmaDecode, call, 90)
-    assert dataclasses.astuple(kernel.plan_)[-2:] == (128, True)
+    assert (kernel.plan_.threads, kernel.plan_.tma) == (128, True)
     split = sources(kernel)[0]
     assert "tl::tma_load" in split and "cp_async" not in split
     assert "__launch_bounds__(256" in split  # 128 producer threads beside the 128 consumers
@@ -138,3 +136,21 @@ def test_the_paged_decode_compiles_for_each_block_layout(arch, block_size, tilel
     assert kernel.plan_.block_size == block_size and kernel.plan_ in identity
     split = sources(kernel)[0]
     assert "Table" in split and "cp_async" in split
+
+
+@pytest.mark.parametrize("causal, window", [(False, None), (True, None), (True, 512)], ids=str)
+def test_the_warp_specialized_forward_overlaps_the_softmax_with_p_v(causal, window, tilelang_cache):
+    """The plan option `overlap` (fwd_ws_program): a producer warpgroup loads K and V by TMA
+    beside two consumer warpgroups, which wait for the older of two wgmma groups (Q K^T) and
+    run the softmax while the other (P V) is still in flight."""
+    import dataclasses
+
+    class Overlapped(kernels.TileLangFlashFwdSm90):
+        @classmethod
+        def plan(cls, call):
+            return dataclasses.replace(super().plan(call), overlap=True)
+
+    _, kernel = build(Overlapped, call_for(Overlapped, 128, causal, torch.bfloat16, window), 90)
+    (source,) = sources(kernel)
+    assert "__launch_bounds__(384" in source and "tl::tma_load" in source
+    assert "wait_wgmma<1>" in source and "wgmma_rs" in source

@@ -38,9 +38,11 @@ def fwd_ws_program(call: AttentionCall, plan: FwdPlan) -> Any:
     neg_inf = -T.infinity("float32")
 
     def main(Q, K, V, Out, Lse):
-        with T.Kernel(
-            T.ceildiv(q_len, bm), heads, batch, threads=CONSUMERS + PRODUCER
-        ) as (bx, head, b):
+        with T.Kernel(T.ceildiv(q_len, bm), heads, batch, threads=CONSUMERS + PRODUCER) as (
+            bx,
+            head,
+            b,
+        ):
             q_tile = T.alloc_shared((bm, dim), dtype)  # the output's staging at the end
             k_tiles = T.alloc_shared((stages, bn, dim), dtype)
             v_tiles = T.alloc_shared((stages, bn, dim), dtype)
@@ -92,7 +94,9 @@ def fwd_ws_program(call: AttentionCall, plan: FwdPlan) -> Any:
                 if tiles_n > 0:
                     T.barrier_wait(k_full[0], 0)
                     mask(scores, q_start, first * bn, q_len, kv_len)
-                    T.wgmma_gemm(q_tile, k_tiles[0, :, :], scores, transpose_B=True, policy=full_row)
+                    T.wgmma_gemm(
+                        q_tile, k_tiles[0, :, :], scores, transpose_B=True, policy=full_row
+                    )
                     T.wait_wgmma(0)
                     T.barrier_arrive(k_free[0])
                     softmax(scores, row_max, prev_max, scaled_max, rescale, tile_sum, row_sum)
