@@ -24,7 +24,7 @@ UNIFORM_DECODES = [(kernels.TileLangFlashDecode, 80), (kernels.TileLangFlashDeco
 
 
 def call_for(cls, dim: int, causal: bool, dtype: torch.dtype, window: int | None = None):
-    q_len = 1024 if issubclass(cls, (kernels.TileLangFlashFwd, kernels.TileLangFlashFwdSm90)) else 2
+    q_len = 1024 if cls in (kernels.TileLangFlashFwd, kernels.TileLangFlashFwdSm90) else 2
     fields = dict(
         device=torch.device("cuda:0"), batch=2, heads=16, kv_heads=4, q_len=q_len,
         head_dim=dim, v_dim=dim, causal=causal, scale=dim**-0.5, dtype=dtype, window=window,
@@ -139,18 +139,13 @@ def test_the_paged_decode_compiles_for_each_block_layout(arch, block_size, tilel
 
 
 @pytest.mark.parametrize("causal, window", [(False, None), (True, None), (True, 512)], ids=str)
-def test_the_warp_specialized_forward_overlaps_the_softmax_with_p_v(causal, window, tilelang_cache):
-    """The plan option `overlap` (fwd_ws_program): a producer warpgroup loads K and V by TMA
-    beside two consumer warpgroups, which wait for the older of two wgmma groups (Q K^T) and
-    run the softmax while the other (P V) is still in flight."""
-    import dataclasses
-
-    class Overlapped(kernels.TileLangFlashFwdSm90):
-        @classmethod
-        def plan(cls, call):
-            return dataclasses.replace(super().plan(call), overlap=True)
-
-    _, kernel = build(Overlapped, call_for(Overlapped, 128, causal, torch.bfloat16, window), 90)
+def test_the_sm_90_forward_overlaps_the_softmax_with_p_v(causal, window, tilelang_cache):
+    """fwd_ws_program: a producer warpgroup loads K and V by TMA beside two consumer
+    warpgroups, which wait for the older of two wgmma groups (Q K^T) and run the softmax while
+    the other (P V) is still in flight."""
+    cls = kernels.TileLangFlashFwdSm90
+    _, kernel = build(cls, call_for(cls, 128, causal, torch.bfloat16, window), 90)
     (source,) = sources(kernel)
+    assert kernel.plan_.overlap
     assert "__launch_bounds__(384" in source and "tl::tma_load" in source
     assert "wait_wgmma<1>" in source and "wgmma_rs" in source

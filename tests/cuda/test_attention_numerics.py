@@ -177,34 +177,6 @@ def test_the_tilelang_forward_matches_the_float64_reference(shape, dtype):
     check(out, lse, *reference_window(q, k, v, causal, window), dtype)
 
 
-@pytest.mark.parametrize("shape", TILELANG_FORWARD, ids=str)
-def test_the_warp_specialized_forward_matches_the_float64_reference(shape):
-    """The sm_90a plan option `overlap` (fwd_ws_program), built and called directly."""
-    import dataclasses
-
-    from tileops.ops import AttentionCall
-    from tileops_cuda.attention.kernels import TileLangFlashFwdSm90
-
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("sm_90a only")
-
-    class Overlapped(TileLangFlashFwdSm90):
-        @classmethod
-        def plan(cls, call):
-            return dataclasses.replace(super().plan(call), overlap=True)
-
-    *dims, causal, window = shape
-    q, k, v = inputs(*dims, BF16)
-    batch, heads, kv_heads, q_len, kv_len, dim = dims
-    call = AttentionCall(
-        device=q.device, batch=batch, heads=heads, kv_heads=kv_heads, q_len=q_len,
-        kv_len=kv_len, head_dim=dim, v_dim=dim, causal=causal, scale=dim**-0.5, dtype=BF16,
-        window=window,
-    )  # fmt: skip
-    out, lse = Overlapped.entry_for(call)[1]().forward(q, k, v)
-    check(out, lse, *reference_window(q, k, v, causal, window), BF16)
-
-
 TILELANG_DECODE = [  # (batch, heads, kv_heads, q_len, kv_len, dim, causal, window)
     (1, 32, 8, 1, 4096, 128, False, None),  # the issue's batch-1 decode, scaled down
     (16, 32, 8, 1, 333, 64, False, None),

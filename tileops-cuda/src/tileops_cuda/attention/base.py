@@ -110,7 +110,8 @@ class _TileLang(Kernel):
 
 
 class FlashForward(_TileLang):
-    """The FlashAttention-2 forward (`fwd_program`): q_len, kv_len and batch symbolic."""
+    """The forward (`fwd_program`, or `fwd_ws_program` where the plan overlaps): q_len, kv_len
+    and batch symbolic."""
 
     @classmethod
     def plan(cls, call: Any) -> Hashable:

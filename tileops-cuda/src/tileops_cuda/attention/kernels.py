@@ -246,8 +246,8 @@ class TileLangFlashFwd(FlashForward, AttentionInterface):
 
 
 class TileLangFlashFwdSm90(FlashForward, AttentionInterface):
-    """The same program on sm_90a, where TileLang lowers the tile copies to TMA and the
-    products to wgmma."""
+    """FlashAttention 3's manner on sm_90a (`fwd_ws_program`): a TMA producer warpgroup, two
+    consumer warpgroups overlapping the softmax with asynchronous wgmma."""
 
     supported_archs = frozenset({90})
     features = "a"

@@ -55,11 +55,12 @@ def fwd_smem_bytes(call: AttentionCall, block_n: int, stages: int) -> int:
 
 
 def fwd_plan(call: AttentionCall, tma: bool) -> FwdPlan:
-    """The widest key tile whose pipeline fits the device's shared memory per block."""
+    """The widest key tile whose pipeline fits the device's shared memory per block; with TMA
+    (sm_90a) the warp-specialized, overlapped program (TUNING.md#fwd-overlap)."""
     stages = FWD_STAGES_TMA if tma else CP_ASYNC_STAGES
     fits = [n for n in FWD_BLOCK_N if fwd_smem_bytes(call, n, stages) <= call.smem_budget]
     block_n = fits[0] if fits else FWD_BLOCK_N[-1]
-    return FwdPlan(FWD_BLOCK_M, block_n, stages, FWD_THREADS)
+    return FwdPlan(FWD_BLOCK_M, block_n, stages, FWD_THREADS, overlap=tma)
 
 
 def decode_rows(call: AttentionCall) -> int:
