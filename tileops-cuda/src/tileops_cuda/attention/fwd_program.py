@@ -123,6 +123,34 @@ def finish_rows(rows: int, dim: int, scale: float) -> Any:
     return finish
 
 
+def store_rows(rows: int) -> Any:
+    """Write a block's `rows` outputs (through a shared staging tile) and the log-sum-exps of
+    the rows before q_len."""
+    import tilelang.language as T
+
+    @T.macro
+    def store(acc, staging, lse, Out, Lse, b, head, q_start, q_len):
+        T.copy(acc, staging)
+        T.copy(staging, Out[b, head, q_start : q_start + rows, :])
+        for i in T.Parallel(rows):
+            if q_start + i < q_len:
+                Lse[b, head, q_start + i] = lse[i]
+
+    return store
+
+
+def fwd_shapes(call: AttentionCall, batch, q_len, kv_len) -> dict:
+    """The forward's tensors, (batch, heads, length, dim) and the (batch, heads, q_len) lse."""
+    dim = call.head_dim
+    return {
+        "Q": (batch, call.heads, q_len, dim),
+        "K": (batch, call.kv_heads, kv_len, dim),
+        "V": (batch, call.kv_heads, kv_len, dim),
+        "Out": (batch, call.heads, q_len, dim),
+        "Lse": (batch, call.heads, q_len),
+    }
+
+
 def fwd_program(call: AttentionCall, plan: FwdPlan) -> Any:
     """The prim_func of the forward for `call`'s heads, dims, mask and dtype under `plan`."""
     import tilelang.language as T
@@ -130,13 +158,13 @@ def fwd_program(call: AttentionCall, plan: FwdPlan) -> Any:
     from .._common import tiles
 
     dtype, dim = DTYPE_NAMES[call.dtype], call.head_dim
-    heads, kv_heads, group = call.heads, call.kv_heads, call.heads // call.kv_heads
+    heads, group = call.heads, call.heads // call.kv_heads
     bm, bn = plan.block_m, plan.block_n
     batch, q_len, kv_len = T.dynamic("batch"), T.dynamic("q_len"), T.dynamic("kv_len")
     softmax = online_softmax(bm, bn, call.scale * LOG2E)
     finish = finish_rows(bm, dim, call.scale)
     neg_inf = -T.infinity("float32")
-
+    store = store_rows(bm)
     mask = mask_scores(call, plan)
     full_row = T.GemmWarpPolicy.FullRow
 
@@ -175,17 +203,8 @@ def fwd_program(call: AttentionCall, plan: FwdPlan) -> Any:
                 T.copy(V[b, kv_head, k_start : k_start + bn, :], v_tile)
                 T.gemm(probs, v_tile, acc, policy=full_row)
             finish(acc, row_max, row_sum, lse)
-            T.copy(acc, o_tile)
-            T.copy(o_tile, Out[b, head, q_start : q_start + bm, :])
-            for i in T.Parallel(bm):
-                if q_start + i < q_len:
-                    Lse[b, head, q_start + i] = lse[i]
+            store(acc, o_tile, lse, Out, Lse, b, head, q_start, q_len)
 
-    shapes = {
-        "Q": (batch, heads, q_len, dim),
-        "K": (batch, kv_heads, kv_len, dim),
-        "V": (batch, kv_heads, kv_len, dim),
-        "Out": (batch, heads, q_len, dim),
-        "Lse": (batch, heads, q_len),
-    }
-    return tiles.prim_func(main, dtype, {"Lse": "float32"}, **shapes)
+    return tiles.prim_func(
+        main, dtype, {"Lse": "float32"}, **fwd_shapes(call, batch, q_len, kv_len)
+    )

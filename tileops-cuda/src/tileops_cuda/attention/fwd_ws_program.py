@@ -13,7 +13,15 @@ from typing import Any
 from tileops.ops import AttentionCall
 
 from .._common.arith import DTYPE_NAMES
-from .fwd_program import LOG2E, finish_rows, key_tiles, mask_scores, online_softmax
+from .fwd_program import (
+    LOG2E,
+    finish_rows,
+    fwd_shapes,
+    key_tiles,
+    mask_scores,
+    online_softmax,
+    store_rows,
+)
 from .plans import FwdPlan
 
 CONSUMERS = 256  # two warpgroups: the MMA's 64 rows each, 128 query rows a block
@@ -28,11 +36,12 @@ def fwd_ws_program(call: AttentionCall, plan: FwdPlan) -> Any:
     from .._common import tiles
 
     dtype, dim = DTYPE_NAMES[call.dtype], call.head_dim
-    heads, kv_heads, group = call.heads, call.kv_heads, call.heads // call.kv_heads
+    heads, group = call.heads, call.heads // call.kv_heads
     bm, bn, stages = plan.block_m, plan.block_n, plan.stages
     batch, q_len, kv_len = T.dynamic("batch"), T.dynamic("q_len"), T.dynamic("kv_len")
     softmax = online_softmax(bm, bn, call.scale * LOG2E)
     finish = finish_rows(bm, dim, call.scale)
+    store = store_rows(bm)
     mask = mask_scores(call, plan)
     full_row = T.GemmWarpPolicy.FullRow
     neg_inf = -T.infinity("float32")
@@ -125,17 +134,8 @@ def fwd_ws_program(call: AttentionCall, plan: FwdPlan) -> Any:
                     T.wait_wgmma(0)
                     T.barrier_arrive(v_free[last])
                 finish(acc, row_max, row_sum, lse)
-                T.copy(acc, q_tile)
-                T.copy(q_tile, Out[b, head, q_start : q_start + bm, :])
-                for i in T.Parallel(bm):
-                    if q_start + i < q_len:
-                        Lse[b, head, q_start + i] = lse[i]
+                store(acc, q_tile, lse, Out, Lse, b, head, q_start, q_len)
 
-    shapes = {
-        "Q": (batch, heads, q_len, dim),
-        "K": (batch, kv_heads, kv_len, dim),
-        "V": (batch, kv_heads, kv_len, dim),
-        "Out": (batch, heads, q_len, dim),
-        "Lse": (batch, heads, q_len),
-    }
-    return tiles.prim_func(main, dtype, {"Lse": "float32"}, **shapes)
+    return tiles.prim_func(
+        main, dtype, {"Lse": "float32"}, **fwd_shapes(call, batch, q_len, kv_len)
+    )
