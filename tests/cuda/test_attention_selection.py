@@ -45,10 +45,12 @@ def key(call: AttentionCall, arch: int = 90, op_cls=AttentionFwdOp) -> str:
 CHOICES = [  # (call, arch, the forward's key)
     (attention_call(), 90, "sdpa_cudnn"),  # GQA prefill, the shape
     (attention_call(causal=False, q_len=1024, kv_len=1024), 80, "sdpa_cudnn"),
-    (attention_call(q_len=1, kv_len=32768, causal=False), 90, "sdpa_cudnn"),  # decode
+    (attention_call(q_len=1, kv_len=32768, causal=False), 90, "tilelang_flash_decode"),  # decode
+    (attention_call(q_len=1, kv_len=32768, dim=256), 90, "sdpa_flash"),  # beyond TileLang's dims
     (attention_call(dim=256), 90, "sdpa_flash"),  # beyond cuDNN's 128
     (attention_call(q_len=512, kv_len=4096), 90, "sdpa_flash"),  # chunked prefill: bottom right
-    (attention_call(q_len=1, kv_len=1, causal=False), 90, "sdpa_flash"),  # cuDNN: kv_len 1
+    (attention_call(q_len=1, kv_len=1, causal=False), 80, "tilelang_flash_decode"),
+    (attention_call(q_len=64, kv_len=1, causal=False), 90, "sdpa_flash"),  # cuDNN: kv_len 1
     (attention_call(dim=96, v_dim=64), 90, "sdpa_cudnn"),  # cuDNN takes two head dims
     (attention_call(dim=256, v_dim=128), 90, "sdpa_efficient"),
     (attention_call(dtype=torch.float32), 90, "sdpa_efficient"),
@@ -140,11 +142,16 @@ def test_the_backward_key_for_each_call(call, arch, expected):
 
 REFUSALS = {  # (kernel class, the call's fields, the reason's words)
     "cudnn dims": (kernels.SdpaCudnn, {"dim": 256}, "head dims 256 and 256 are not served"),
-    "cudnn causal": (kernels.SdpaCudnn, {"q_len": 7, "kv_len": 9}, "aligns to the top left"),
+    "cudnn causal": (kernels.SdpaCudnn, {"q_len": 70, "kv_len": 90}, "aligns to the top left"),
     "cudnn kv_len": (
         kernels.SdpaCudnn,
-        {"kv_len": 1, "q_len": 1, "causal": False},
+        {"kv_len": 1, "q_len": 64, "causal": False},
         "a key/value sequence of length 1",
+    ),
+    "cudnn decode": (
+        kernels.SdpaCudnn,
+        {"q_len": 1, "kv_len": 4096, "causal": False},
+        "an execution plan for every new key length",
     ),
     "window": (kernels.SdpaFlash, {"window": 64}, "torch's SDPA kernels take no sliding window"),
     "dtype": (kernels.SdpaFlash, {"dtype": torch.float32}, "(float16, bfloat16 only)"),

@@ -52,10 +52,9 @@ from .plans import DECODE_BLOCK_N, DECODE_ROWS
 
 HALF = (torch.float16, torch.bfloat16)
 Tensor = torch.Tensor
-TILELANG_KEYS = frozenset(
-    {"tilelang_flash_fwd", "tilelang_flash_fwd_sm90", "tilelang_flash_decode"}
-)
-"""The TileLang keys of the family: every vendor kernel is preferred over them (unmeasured)."""
+TILELANG_FORWARD_KEYS = frozenset({"tilelang_flash_fwd", "tilelang_flash_fwd_sm90"})
+"""The TileLang forwards: every vendor kernel is preferred over them (TUNING.md#fwd-overlap)."""
+TILELANG_KEYS = frozenset({*TILELANG_FORWARD_KEYS, "tilelang_flash_decode"})
 CUDNN_MAX_DIM = 128
 """cuDNN's SDPA serves head dims up to 128 in the torch builds we run (256 needs cuDNN 9.22
 on sm_90, torch's own check)."""
@@ -189,15 +188,25 @@ class _SdpaBackward(AttentionBwdInterface):
 
 
 class SdpaCudnn(_Cudnn, _SdpaForward):
-    preferred_over = frozenset({"sdpa_flash", "sdpa_efficient", *TILELANG_KEYS})
+    preferred_over = frozenset({"sdpa_flash", "sdpa_efficient", *TILELANG_FORWARD_KEYS})
+
+    @classmethod
+    def backend_refusal(cls, call: AttentionCall) -> str | None:
+        if decode_region(call) is None:
+            return (
+                "cuDNN builds an execution plan for every new key length (tens of ms, "
+                "TUNING.md#cudnn-decode), and a decode loop's cache grows a key a step: "
+                "tilelang_flash_decode serves decode"
+            )
+        return super().backend_refusal(call)
 
 
 class SdpaFlash(_Flash, _SdpaForward):
-    preferred_over = frozenset({"sdpa_efficient", *TILELANG_KEYS})
+    preferred_over = frozenset({"sdpa_efficient", *TILELANG_FORWARD_KEYS})
 
 
 class SdpaEfficient(_Efficient, _SdpaForward):
-    preferred_over = TILELANG_KEYS
+    preferred_over = TILELANG_FORWARD_KEYS
 
 
 class SdpaCudnnBackward(_Cudnn, _SdpaBackward):
@@ -259,9 +268,12 @@ class TileLangFlashFwdSm90(FlashForward, AttentionInterface):
 
 
 class TileLangFlashDecode(SplitDecode, AttentionInterface):
-    """Split-KV decode over k and v of one length (transformers' caches)."""
+    """Split-KV decode over k and v of one length (transformers' caches): faster than
+    FlashAttention at every decode shape measured, and no plan per length as cuDNN's
+    (TUNING.md#cudnn-decode)."""
 
     supported_archs = AMPERE_AND_LATER
+    preferred_over = frozenset({"sdpa_flash", "sdpa_efficient"})
 
     @classmethod
     def region_refusal(cls, call: AttentionCall) -> str | None:
