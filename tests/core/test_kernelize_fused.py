@@ -17,7 +17,7 @@ from torch import nn
 import tileops
 import tileops.nn as tnn
 from tileops.nn._transformers import GATED_MLPS, ROTARY_FUNCTIONS
-from tileops.nn.fused_layers import _tileops_rotary
+from tileops.nn.fused_layers import _tileops_rotary, plain_function
 
 transformers = pytest.importorskip("transformers")
 modeling_llama = importlib.import_module("transformers.models.llama.modeling_llama")
@@ -76,8 +76,28 @@ def test_each_declared_gated_mlp_computes_llamas_forward(path):
 def test_each_declared_rotary_function_is_llamas_or_phi3s(path):
     module = importlib.import_module(path.rsplit(".", 1)[0])
     reference = modeling_phi3 if ROTARY_FUNCTIONS[path] else modeling_llama
-    assert source_lines(module.apply_rotary_pos_emb) == source_lines(reference.apply_rotary_pos_emb)
+    ours, theirs = (plain_function(m.apply_rotary_pos_emb) for m in (module, reference))
+    assert source_lines(ours) == source_lines(theirs)
     assert source_lines(module.rotate_half) == source_lines(modeling_llama.rotate_half)
+
+
+def test_a_function_behind_a_hub_kernel_wrapper_module_is_found():
+    """transformers 5.25 makes the functions it marks for hub kernels (`apply_rotary_pos_emb`)
+    modules of the kernels package, each calling the function held in its forward's closure."""
+
+    def rotate(q):
+        return q
+
+    def wrapped(func):
+        class Func(nn.Module):
+            def forward(self, *args):
+                return func(*args)
+
+        return Func()
+
+    assert plain_function(wrapped(rotate)) is rotate
+    assert plain_function(rotate) is rotate
+    assert plain_function(torch.nn.Linear(2, 2)) is None and plain_function(None) is None
 
 
 # -- a tiny Llama ------------------------------------------------------------------------------

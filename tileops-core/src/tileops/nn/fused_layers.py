@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copyreg
 import functools
+import sys
 import types
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -102,7 +103,7 @@ class RotaryAttention(_Fused):
         function = _rotary_function(cls.torch_type)
         if not _rotary_probe(function):
             return (
-                f"its {dotted_path(function)} differs from the op on a probe input: the "
+                f"its {rotary_path(function)} differs from the op on a probe input: the "
                 "function no longer computes what is declared for it"
             )
         return super().refusal(module)
@@ -175,7 +176,7 @@ def _generated(cls: type[nn.Module], kind: str) -> type[_Fused]:
     else:
         base, what = RotaryAttention, f"{ROTARY_NAME} through RotaryFwdOp"
         original = _rotary_function(cls)
-        partial = ROTARY_FUNCTIONS[dotted_path(original)]
+        partial = ROTARY_FUNCTIONS[rotary_path(original)]
         replacement = _tileops_rotary(original, partial)
         namespace["forward"] = _rebound(cls.forward, ROTARY_NAME, replacement)
     namespace["__doc__"] = f"`{cls.__qualname__}` computing {what}."
@@ -196,9 +197,30 @@ def _rotary_function(cls: type) -> Callable[..., Any] | None:
     if inner is None or ROTARY_NAME not in inner.__code__.co_names:
         return None
     found = inner.__globals__.get(ROTARY_NAME)
-    if not callable(found) or dotted_path(found) not in ROTARY_FUNCTIONS:
+    if rotary_path(found) not in ROTARY_FUNCTIONS:
         return None
     return found
+
+
+def rotary_path(found: object) -> str | None:
+    """The dotted path of the function `found` is or calls (`plain_function`), or None."""
+    function = plain_function(found)
+    return None if function is None else dotted_path(function)
+
+
+def plain_function(found: object) -> types.FunctionType | None:
+    """`found` if it is a function; the function a hub-kernel wrapper calls if it is one (from
+    transformers 5.25 a module-level function marked `use_kernel_forward_from_hub` is an
+    `nn.Module` instance of the `kernels` package whose forward calls the function held in its
+    closure as `func`); else None."""
+    if isinstance(found, types.FunctionType):
+        return found
+    forward = getattr(type(found), "forward", None)
+    if not isinstance(found, nn.Module) or not isinstance(forward, types.FunctionType):
+        return None
+    cells = dict(zip(forward.__code__.co_freevars, forward.__closure__ or (), strict=True))
+    held = cells["func"].cell_contents if "func" in cells else None
+    return held if isinstance(held, types.FunctionType) else None
 
 
 @functools.cache
@@ -207,7 +229,7 @@ def _rotary_probe(function: Callable[..., Any]) -> bool:
     whose halves differ; narrower tables too where it is declared partial): a library may
     change what a function computes between versions."""
     generator = torch.Generator().manual_seed(0)
-    widths = (8, 4) if ROTARY_FUNCTIONS[dotted_path(function)] else (8,)
+    widths = (8, 4) if ROTARY_FUNCTIONS[rotary_path(function)] else (8,)
     q, k = (
         torch.randn(2, 4, 3, 8, generator=generator),
         torch.randn(2, 2, 3, 8, generator=generator),
@@ -245,8 +267,7 @@ def _rebound(func: types.FunctionType, name: str, value: object) -> types.Functi
     that they all do), rebuilt around it."""
     wrapped = getattr(func, "__wrapped__", None)
     if wrapped is None:
-        scope = dict(func.__globals__)
-        scope[name] = value
+        scope = _scope_module(func, name, value).__dict__
         new = types.FunctionType(func.__code__, scope, func.__name__, func.__defaults__,
                                  func.__closure__)  # fmt: skip
     else:
@@ -269,6 +290,18 @@ def _holds(cell: types.CellType, value: object) -> bool:
         return cell.cell_contents is value
     except ValueError:  # an empty cell
         return False
+
+
+def _scope_module(func: types.FunctionType, name: str, value: object) -> types.ModuleType:
+    """A module of its own holding `func`'s globals with `name` bound to `value`, in
+    sys.modules: torch.compile guards a global by importing the module its function's globals
+    name, which must hold what the function sees (not the library's own module)."""
+    module_name = f"{__name__}.rebound.{func.__module__}.{func.__qualname__}"
+    module = types.ModuleType(module_name)
+    module.__dict__.update(func.__globals__)
+    module.__dict__.update({"__name__": module_name, name: value})
+    sys.modules[module_name] = module
+    return module
 
 
 def _tileops_rotary(original: Callable[..., Any], partial: bool) -> Callable[..., Any]:
