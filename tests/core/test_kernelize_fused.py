@@ -389,3 +389,33 @@ def test_a_declared_class_or_function_that_computes_something_else_is_skipped(mo
     )
     reason = skipped["model.layers.0.self_attn"]
     assert "modeling_llama.apply_rotary_pos_emb differs from the op on a probe input" in reason
+
+
+def test_a_rebound_forward_compiles_where_its_librarys_global_is_a_module(monkeypatch):
+    """torch.compile guards a rebound forward's globals through the module they name; the
+    library's own module may hold something else under the rebound name (transformers 5.25: a
+    hub-kernel wrapper module with no `__defaults__`), so the globals are a module of their own."""
+    import sys
+    import types
+
+    import torch._dynamo
+
+    from tileops.nn.fused_layers import _rebound
+
+    library = types.ModuleType("library_with_a_wrapped_global")
+    exec("def forward(x):\n    return helper(x) + 1\n", library.__dict__)
+    library.helper = nn.Identity()  # a module instance where a function was
+    monkeypatch.setitem(sys.modules, library.__name__, library)
+
+    def doubled(x, scale=2):
+        return x * scale
+
+    rebound = _rebound(library.forward, "helper", doubled)
+
+    def model(x):  # the forward inlined into a compiled caller, as a layer's is
+        return rebound(x) * 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="eager", fullgraph=True)
+    assert torch.equal(compiled(torch.ones(3)), torch.full((3,), 3.0))
+    assert library.helper.__class__ is nn.Identity  # the library's module is left as it was
