@@ -47,14 +47,7 @@ def split_program(
     softmax = online_softmax(bh, bn, call.scale * LOG2E)
     finish = finish_rows(bh, dim, call.scale)
     neg_inf = -T.infinity("float32")
-    loads = {} if plan.tma else {"annotations": NO_TMA}
-    if block_size is not None:
-        load_tile = paged_loads(block_size, bn, loads)
-    else:
-
-        @T.macro
-        def load_tile(Cache, Table, tile, b, kv_head, k_start, length):
-            T.copy(Cache[b, kv_head, k_start : k_start + bn, :], tile, **loads)
+    load_tile = tile_loads(plan, block_size)
 
     def main(Q=None, K=None, V=None, Lens=None, Table=None, OPart=None, LsePart=None):
         with T.Kernel(splits, call.kv_heads, batch, threads=plan.threads) as (s, kv_head, b):
@@ -102,21 +95,46 @@ def split_program(
                 if i < rows:
                     LsePart[b, kv_head * rows + i, s] = lse[i]
 
-    total = call.heads * q_len
-    rows_of = (batch, call.kv_heads, capacity, dim)  # one cache row per sequence
-    if block_size is not None:
-        rows_of = (num_blocks, call.kv_heads, block_size, dim)
-    caches = {"K": rows_of, "V": rows_of}
-    shapes = {
-        "Q": (batch, call.heads, q_len, dim),
-        **caches,
-        **({"Lens": (batch,)} if per_sequence else {}),  # else every sequence fills the cache
-        **({"Table": (batch, max_blocks)} if block_size is not None else {}),
-        "OPart": (batch, total, splits, dim),
-        "LsePart": (batch, total, splits),
-    }
+    paged = None if block_size is None else (num_blocks, max_blocks, block_size)
+    shapes = split_shapes(call, plan, per_sequence, batch, capacity, paged)
     dtypes = {"Lens": "int32", "Table": "int32", "OPart": "float32", "LsePart": "float32"}
     return tiles.prim_func(main, dtype, dtypes, **shapes)
+
+
+def split_shapes(call: Any, plan: DecodePlan, per_sequence: bool, batch, capacity, paged) -> dict:
+    """The split kernel's tensors; `paged`: (num_blocks, max_blocks, block_size) of a paged
+    cache (its K and V blocks, and the Table), else one cache row per sequence."""
+    dim, total = call.head_dim, call.heads * call.q_len
+    rows_of = (batch, call.kv_heads, capacity, dim)
+    if paged is not None:
+        rows_of = (paged[0], call.kv_heads, paged[2], dim)
+    return {
+        "Q": (batch, call.heads, call.q_len, dim),
+        "K": rows_of,
+        "V": rows_of,
+        **({"Lens": (batch,)} if per_sequence else {}),  # else every sequence fills the cache
+        **({"Table": (batch, paged[1])} if paged is not None else {}),
+        "OPart": (batch, total, plan.splits, dim),
+        "LsePart": (batch, total, plan.splits),
+    }
+
+
+def tile_loads(plan: DecodePlan, block_size: int | None) -> Any:
+    """The macro that loads `plan.block_n` keys (or values) from `k_start` into a tile: from a
+    sequence's cache row, or through the block table (`paged_loads`); TMA only where the plan
+    takes it."""
+    import tilelang.language as T
+
+    loads = {} if plan.tma else {"annotations": NO_TMA}
+    if block_size is not None:
+        return paged_loads(block_size, plan.block_n, loads)
+    bn = plan.block_n
+
+    @T.macro
+    def load(Cache, Table, tile, b, kv_head, k_start, length):
+        T.copy(Cache[b, kv_head, k_start : k_start + bn, :], tile, **loads)
+
+    return load
 
 
 def paged_loads(block_size: int, bn: int, loads: dict) -> Any:

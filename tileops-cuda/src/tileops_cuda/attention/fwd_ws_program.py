@@ -29,6 +29,80 @@ PRODUCER = 128  # one warpgroup issuing TMA (its registers given back to the con
 CONSUMER_REGISTERS, PRODUCER_REGISTERS = 240, 24
 
 
+def produce(bn: int, stages: int) -> Any:
+    """The producer warpgroup: for each key tile, wait for its slot to be free, then load K
+    and V into it by TMA (the full barrier counts the bytes)."""
+    import tilelang.language as T
+
+    @T.macro
+    def load(K, V, k_tiles, v_tiles, k_full, v_full, k_free, v_free, b, kv_head, first, tiles):
+        T.set_max_nreg(PRODUCER_REGISTERS, 0)
+        for t in T.serial(tiles):
+            k_start = (first + t) * bn
+            slot, lap = t % stages, (t // stages) & 1
+            T.barrier_wait(k_free[slot], lap ^ 1)
+            T.tma_copy(
+                K[b, kv_head, k_start : k_start + bn, :], k_tiles[slot, :, :],
+                barrier=k_full[slot],
+            )  # fmt: skip
+            T.barrier_arrive(k_full[slot])
+            T.barrier_wait(v_free[slot], lap ^ 1)
+            T.tma_copy(
+                V[b, kv_head, k_start : k_start + bn, :], v_tiles[slot, :, :],
+                barrier=v_full[slot],
+            )  # fmt: skip
+            T.barrier_arrive(v_full[slot])
+
+    return load
+
+
+def consume(call: AttentionCall, plan: FwdPlan) -> Any:
+    """The consumer warpgroups over the key tiles: tile 0's Q K^T and softmax, then for each
+    next tile its Q K^T and the previous tile's P V issued together, the softmax while P V
+    runs, the rescale; the last P V."""
+    import tilelang.language as T
+
+    bn, stages = plan.block_n, plan.stages
+    softmax = online_softmax(plan.block_m, bn, call.scale * LOG2E)
+    mask = mask_scores(call, plan)
+    full_row = T.GemmWarpPolicy.FullRow
+
+    @T.macro
+    def attend(q_tile, k_tiles, v_tiles, k_full, v_full, k_free, v_free, scores, probs, acc,
+               row_max, prev_max, scaled_max, rescale, tile_sum, row_sum,
+               q_start, first, tiles, q_len, kv_len):  # fmt: skip
+        T.barrier_wait(k_full[0], 0)
+        mask(scores, q_start, first * bn, q_len, kv_len)
+        T.wgmma_gemm(q_tile, k_tiles[0, :, :], scores, transpose_B=True, policy=full_row)
+        T.wait_wgmma(0)
+        T.barrier_arrive(k_free[0])
+        softmax(scores, row_max, prev_max, scaled_max, rescale, tile_sum, row_sum)
+        T.copy(scores, probs)
+        for t in T.serial(1, tiles):
+            slot, lap = t % stages, (t // stages) & 1
+            done, done_lap = (t - 1) % stages, ((t - 1) // stages) & 1
+            T.barrier_wait(k_full[slot], lap)
+            mask(scores, q_start, (first + t) * bn, q_len, kv_len)
+            T.wgmma_gemm(q_tile, k_tiles[slot, :, :], scores, transpose_B=True, policy=full_row)
+            T.barrier_wait(v_full[done], done_lap)
+            T.wgmma_gemm(probs, v_tiles[done, :, :], acc, policy=full_row)
+            T.wait_wgmma(1)  # Q K^T, the older; P V may still run
+            T.barrier_arrive(k_free[slot])
+            softmax(scores, row_max, prev_max, scaled_max, rescale, tile_sum, row_sum)
+            T.wait_wgmma(0)
+            T.barrier_arrive(v_free[done])
+            for i, j in T.Parallel(plan.block_m, call.head_dim):
+                acc[i, j] *= rescale[i]
+            T.copy(scores, probs)
+        last, last_lap = (tiles - 1) % stages, ((tiles - 1) // stages) & 1
+        T.barrier_wait(v_full[last], last_lap)
+        T.wgmma_gemm(probs, v_tiles[last, :, :], acc, policy=full_row)
+        T.wait_wgmma(0)
+        T.barrier_arrive(v_free[last])
+
+    return attend
+
+
 def fwd_ws_program(call: AttentionCall, plan: FwdPlan) -> Any:
     """The prim_func of the overlapped forward for `call` under `plan` (block_m 128)."""
     import tilelang.language as T
@@ -39,19 +113,14 @@ def fwd_ws_program(call: AttentionCall, plan: FwdPlan) -> Any:
     heads, group = call.heads, call.heads // call.kv_heads
     bm, bn, stages = plan.block_m, plan.block_n, plan.stages
     batch, q_len, kv_len = T.dynamic("batch"), T.dynamic("q_len"), T.dynamic("kv_len")
-    softmax = online_softmax(bm, bn, call.scale * LOG2E)
     finish = finish_rows(bm, dim, call.scale)
     store = store_rows(bm)
-    mask = mask_scores(call, plan)
-    full_row = T.GemmWarpPolicy.FullRow
+    load, attend = produce(bn, stages), consume(call, plan)
     neg_inf = -T.infinity("float32")
+    threads = CONSUMERS + PRODUCER
 
     def main(Q, K, V, Out, Lse):
-        with T.Kernel(T.ceildiv(q_len, bm), heads, batch, threads=CONSUMERS + PRODUCER) as (
-            bx,
-            head,
-            b,
-        ):
+        with T.Kernel(T.ceildiv(q_len, bm), heads, batch, threads=threads) as (bx, head, b):
             q_tile = T.alloc_shared((bm, dim), dtype)  # the output's staging at the end
             k_tiles = T.alloc_shared((stages, bn, dim), dtype)
             v_tiles = T.alloc_shared((stages, bn, dim), dtype)
@@ -74,68 +143,23 @@ def fwd_ws_program(call: AttentionCall, plan: FwdPlan) -> Any:
             kv_head = head // group
             q_start = bx * bm
             first, end = key_tiles(call, plan, q_start, q_len, kv_len)
-            tiles_n = end - first
             T.tma_copy(Q[b, head, q_start : q_start + bm, :], q_tile, barrier=q_ready)
             T.barrier_arrive(q_ready)
             if tx >= CONSUMERS:
-                T.set_max_nreg(PRODUCER_REGISTERS, 0)
-                for t in T.serial(tiles_n):
-                    k_start = (first + t) * bn
-                    slot, lap = t % stages, (t // stages) & 1
-                    T.barrier_wait(k_free[slot], lap ^ 1)
-                    T.tma_copy(
-                        K[b, kv_head, k_start : k_start + bn, :], k_tiles[slot, :, :],
-                        barrier=k_full[slot],
-                    )  # fmt: skip
-                    T.barrier_arrive(k_full[slot])
-                    T.barrier_wait(v_free[slot], lap ^ 1)
-                    T.tma_copy(
-                        V[b, kv_head, k_start : k_start + bn, :], v_tiles[slot, :, :],
-                        barrier=v_full[slot],
-                    )  # fmt: skip
-                    T.barrier_arrive(v_full[slot])
+                load(K, V, k_tiles, v_tiles, k_full, v_full, k_free, v_free, b, kv_head, first,
+                     end - first)  # fmt: skip
             else:
                 T.set_max_nreg(CONSUMER_REGISTERS, 1)
                 T.fill(acc, 0)
                 T.fill(row_sum, 0)
                 T.fill(row_max, neg_inf)
                 T.barrier_wait(q_ready, 0)
-                if tiles_n > 0:
-                    T.barrier_wait(k_full[0], 0)
-                    mask(scores, q_start, first * bn, q_len, kv_len)
-                    T.wgmma_gemm(
-                        q_tile, k_tiles[0, :, :], scores, transpose_B=True, policy=full_row
-                    )
-                    T.wait_wgmma(0)
-                    T.barrier_arrive(k_free[0])
-                    softmax(scores, row_max, prev_max, scaled_max, rescale, tile_sum, row_sum)
-                    T.copy(scores, probs)
-                    for t in T.serial(1, tiles_n):
-                        slot, lap = t % stages, (t // stages) & 1
-                        done, done_lap = (t - 1) % stages, ((t - 1) // stages) & 1
-                        T.barrier_wait(k_full[slot], lap)
-                        mask(scores, q_start, (first + t) * bn, q_len, kv_len)
-                        T.wgmma_gemm(
-                            q_tile, k_tiles[slot, :, :], scores, transpose_B=True, policy=full_row
-                        )
-                        T.barrier_wait(v_full[done], done_lap)
-                        T.wgmma_gemm(probs, v_tiles[done, :, :], acc, policy=full_row)
-                        T.wait_wgmma(1)  # Q K^T, the older; P V may still run
-                        T.barrier_arrive(k_free[slot])
-                        softmax(scores, row_max, prev_max, scaled_max, rescale, tile_sum, row_sum)
-                        T.wait_wgmma(0)
-                        T.barrier_arrive(v_free[done])
-                        for i, j in T.Parallel(bm, dim):
-                            acc[i, j] *= rescale[i]
-                        T.copy(scores, probs)
-                    last, last_lap = (tiles_n - 1) % stages, ((tiles_n - 1) // stages) & 1
-                    T.barrier_wait(v_full[last], last_lap)
-                    T.wgmma_gemm(probs, v_tiles[last, :, :], acc, policy=full_row)
-                    T.wait_wgmma(0)
-                    T.barrier_arrive(v_free[last])
+                if end - first > 0:
+                    attend(q_tile, k_tiles, v_tiles, k_full, v_full, k_free, v_free, scores,
+                           probs, acc, row_max, prev_max, scaled_max, rescale, tile_sum, row_sum,
+                           q_start, first, end - first, q_len, kv_len)  # fmt: skip
                 finish(acc, row_max, row_sum, lse)
                 store(acc, q_tile, lse, Out, Lse, b, head, q_start, q_len)
 
-    return tiles.prim_func(
-        main, dtype, {"Lse": "float32"}, **fwd_shapes(call, batch, q_len, kv_len)
-    )
+    shapes = fwd_shapes(call, batch, q_len, kv_len)
+    return tiles.prim_func(main, dtype, {"Lse": "float32"}, **shapes)
