@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import tileops.nn as tnn
-from tileops import AttentionFwdOp
 from tileops.nn import hf_attention
+from tileops.ops.attention import prefill
 
 transformers = pytest.importorskip("transformers")
 
@@ -52,15 +52,16 @@ def tokens(batch: int = 2, length: int = 11, seed: int = 0) -> torch.Tensor:
 
 @pytest.fixture
 def attention_calls(monkeypatch):
-    """The (q_len, kv_len) of every AttentionFwdOp call that runs its own kernels."""
+    """The (q_len, kv_len) of every AttentionFwdOp call its reference kernel serves (the op's
+    own kernel on the CPU; a layout's later calls reach it by the op's lane, not `forward`)."""
     seen: list[tuple[int, int]] = []
-    forward = AttentionFwdOp.forward
+    attend = prefill.attend
 
-    def counting(self, q, k, v):
+    def counting(q, k, v, **options):
         seen.append((q.shape[2], k.shape[2]))
-        return forward(self, q, k, v)
+        return attend(q, k, v, **options)
 
-    monkeypatch.setattr(AttentionFwdOp, "forward", counting)
+    monkeypatch.setattr(prefill, "attend", counting)
     return seen
 
 

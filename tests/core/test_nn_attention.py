@@ -9,20 +9,22 @@ import torch
 from torch import nn
 
 import tileops.nn as tnn
-from tileops import AttentionFwdOp, OpConfigError
+from tileops import OpConfigError
+from tileops.ops.attention import prefill
 
 
 @pytest.fixture
 def op_calls(monkeypatch):
-    """The (q_len, kv_len, causal) of every AttentionFwdOp call that runs its own kernels."""
+    """The (q_len, kv_len, causal) of every AttentionFwdOp call its reference kernel serves
+    (the op's own kernel on the CPU; a layout's later calls reach it by the op's lane)."""
     seen: list[tuple[int, int, bool]] = []
-    forward = AttentionFwdOp.forward
+    attend = prefill.attend
 
-    def counting(self, q, k, v):
-        seen.append((q.shape[2], k.shape[2], self.causal))
-        return forward(self, q, k, v)
+    def counting(q, k, v, **options):
+        seen.append((q.shape[2], k.shape[2], options["causal"]))
+        return attend(q, k, v, **options)
 
-    monkeypatch.setattr(AttentionFwdOp, "forward", counting)
+    monkeypatch.setattr(prefill, "attend", counting)
     return seen
 
 

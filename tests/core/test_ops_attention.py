@@ -179,6 +179,26 @@ def test_a_growing_cache_keeps_one_decode_call_spec():
     assert_matches(op(q, k, v)[0], F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
 
 
+def test_a_layouts_later_calls_run_its_kernel_without_forward(monkeypatch):
+    """From a layout's second call (a model's next layer, a decode step's), the op runs the
+    kernel that served it without `forward`; other strides of that layout are made contiguous
+    as `forward` makes them, and a new layout takes `forward` again."""
+    op = AttentionFwdOp(causal=True)
+    for _ in range(2):  # the first settles the op's target, the second makes the lane
+        op(*qkv(2, 4, 2, 1, 17, 8))
+    calls, forward = [], AttentionFwdOp.forward
+    monkeypatch.setattr(AttentionFwdOp, "forward", lambda *a: calls.append(a) or forward(*a))
+    for seed in range(2):
+        q, k, v = qkv(2, 4, 2, 1, 17, 8, seed=seed)
+        if seed:  # k as a view of another layout's memory: same shape, other strides
+            k = randn(2, 17, 2, 8, dtype=torch.float64, seed=5).transpose(1, 2)
+        want = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        assert_matches(op(q, k, v)[0], want)
+    assert calls == []
+    op(*qkv(2, 4, 2, 1, 18, 8))
+    assert len(calls) == 1
+
+
 def test_no_keys_gives_zeros_without_a_kernel(monkeypatch):
     op = AttentionFwdOp(causal=True)
     forbid_kernels(monkeypatch, op)

@@ -120,6 +120,22 @@ def test_a_decode_loop_runs_its_layouts_kernel_without_forward(block_size, monke
         op(q, *args, torch.tensor([41, 1, 1]), table)
 
 
+def test_a_growing_cache_keeps_one_decode_call_spec():
+    """A cache that grows by a token per step (or a block table by a block) keeps one call
+    spec: capacity and max_blocks are rounded up to a power of two; the output still reads
+    every slot up to each sequence's length, and no further."""
+    op, q = AttentionDecodeOp(causal=True), randn(3, 4, 1, 16, dtype=F64)
+    assert {op._spec(q, *cache(capacity=n), None)[1].capacity for n in (33, 40, 64)} == {64}
+    blocks = paged(*cache(), 8)[:2]
+    tables = (torch.zeros(3, n, dtype=torch.int32) for n in (5, 7, 8))
+    assert {op._spec(q, *blocks, table)[1].max_blocks for table in tables} == {8}
+    k_cache, v_cache = cache()
+    lens = torch.tensor([40, 33, 1])
+    out, _ = op(q, k_cache, v_cache, lens)
+    for b, n in enumerate(lens.tolist()):
+        assert_matches(out[b], sdpa(q[b], k_cache[b, :, :n], v_cache[b, :, :n], True))
+
+
 def test_decode_in_16_bit_matches_the_float64_result_rounded_once():
     k_cache, v_cache = (t.bfloat16() for t in cache(dim=128))
     lens = torch.tensor([1, 25, 40])

@@ -19,14 +19,16 @@ from ...signature import BoundCall, Input, Signature
 from .._common import ReferenceKernel
 from ._base import PARAM_TYPES, AttentionParams, call_kernel, check_heads, no_keys
 from ._math import attend, gather_pages
-from .prefill import LSE, OUT, Q
+from .prefill import LSE, OUT, Q, decode_bucket
 
 Tensor = torch.Tensor
 INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 class AttentionDecodeCall(CallSpec):
-    """One decode call over a contiguous cache of `capacity` slots per sequence."""
+    """One decode call over a contiguous cache of `capacity` slots per sequence, rounded up to
+    a power of two: a cache that grows by a token per step (transformers' DynamicCache) keeps
+    hitting the dispatch cache; kernels read the capacity off the cache."""
 
     batch: int
     heads: int
@@ -43,7 +45,8 @@ class AttentionDecodeCall(CallSpec):
 
 class AttentionPagedDecodeCall(CallSpec):
     """One decode call over a paged cache of `num_blocks` blocks of `block_size` slots, each
-    sequence's block table `max_blocks` long."""
+    sequence's block table `max_blocks` long, rounded up to a power of two as the contiguous
+    cache's capacity is."""
 
     batch: int
     heads: int
@@ -244,12 +247,13 @@ class AttentionDecodeOp(AttentionParams, Op):
         if table is None:
             if k_cache.shape[2] == 0:
                 return None
-            return "attention_decode", AttentionDecodeCall(**fields, capacity=k_cache.shape[2])
+            capacity = decode_bucket(k_cache.shape[2])
+            return "attention_decode", AttentionDecodeCall(**fields, capacity=capacity)
         if k_cache.shape[2] * table.shape[1] == 0:
             return None
         paged = AttentionPagedDecodeCall(
             **fields, num_blocks=k_cache.shape[0], block_size=k_cache.shape[2],
-            max_blocks=table.shape[1],
+            max_blocks=decode_bucket(table.shape[1]),
         )  # fmt: skip
         return "attention_paged_decode", paged
 

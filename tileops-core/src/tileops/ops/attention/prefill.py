@@ -5,7 +5,7 @@ of its own (`AttentionBwdOp`) so that its kernels are chosen by shape as the for
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -267,6 +267,19 @@ class AttentionFwdOp(_Attention, Op):
         out_shape = (*q.shape[:-1], v.shape[-1])
         args = q.contiguous(), k.contiguous(), v.contiguous()
         return call_kernel(self, "attention", call, out_shape, *args)
+
+    def lane_for(self, call: BoundCall) -> Callable[..., tuple[Tensor, Tensor]] | None:
+        """The kernel that served this layout, for its later calls: a model's layers call with
+        one layout after another (each decode step's, a prefill batch's)."""
+        q, k, v = call.tensors
+        kernel = None if k.shape[2] == 0 else self._hits.get(("attention", self.call_for(q, k, v)))
+        if kernel is None:
+            return None
+
+        def lane(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+            return kernel(q.contiguous(), k.contiguous(), v.contiguous())
+
+        return lane
 
     def reference_forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         scale = self.scale_for(q.shape[-1])
