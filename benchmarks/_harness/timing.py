@@ -57,6 +57,36 @@ def bench_all(contenders: dict[str, Callable[[], Any] | Forced], rounds: int) ->
     return best
 
 
+def checked_runs(
+    contenders: dict[str, Callable[[], Any] | Forced | Exception],
+    want: torch.Tensor,
+    measure: Callable[[Callable[[], Any]], Any],
+) -> dict[str, tuple[float, Any] | str]:
+    """Per contender, (its output's error relative to `want`, `measure(call)`), run without
+    grad and inside a `Forced` one's context; or why it has no figure ("failed: ..."): the
+    error given in place of its call (what kept it from building), or the one it raised."""
+    results: dict[str, tuple[float, Any] | str] = {}
+    for name, fn in contenders.items():
+        if isinstance(fn, Exception):
+            results[name] = failure_text(fn)
+            continue
+        context, call = fn if isinstance(fn, Forced) else (contextlib.nullcontext, fn)
+        try:
+            with context(), torch.no_grad():
+                out = call()
+                out = out[0] if isinstance(out, tuple) else out
+                error = float((out.float() - want).norm() / want.norm())
+                results[name] = (error, measure(call))
+        except Exception as failure:  # a contender that cannot run or be measured is a row
+            results[name] = failure_text(failure)
+    return results
+
+
+def failure_text(error: Exception) -> str:
+    first = (str(error).splitlines() or [""])[0]
+    return f"failed: {type(error).__name__}: {first[:100]}"
+
+
 def loop_us(fn: Callable[[], Any], calls: int = 200) -> float:
     """Microseconds per call of `calls` back-to-back calls, L2 warm: whichever of the host's
     launch path and the GPU is slower, as in a model's layer loop."""

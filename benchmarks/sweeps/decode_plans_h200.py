@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import multiprocessing
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -34,9 +33,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for
 
 import torch
 import torch.nn.functional as F
+from _harness.builds import built, prebuild, variant_contenders
 from _harness.copies import copy_gbps
 from _harness.provenance import results_dir, run_stamp, write_markdown
-from _harness.timing import Forced, bench, graphed, host_profile, kernel_breakdown, loop_us
+from _harness.timing import (
+    Forced,
+    bench,
+    checked_runs,
+    graphed,
+    host_profile,
+    kernel_breakdown,
+    loop_us,
+)
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tileops import AttentionDecodeOp, AttentionFwdOp
@@ -71,18 +79,7 @@ def variant_kernel(batch: int, capacity: int, spec: str) -> Any:
         capacity=capacity, head_dim=DIM, v_dim=DIM, causal=True, scale=DIM**-0.5,
         dtype=DTYPE, window=None,
     )  # fmt: skip
-    refusal = Variant.refusal(call)
-    if refusal:
-        raise ValueError(refusal)
-    return Variant.entry_for(call)[1]()
-
-
-def prebuild(job: tuple[int, int, str]) -> None:
-    """Compile one (shape, variant) into the disk cache (a worker of the build pool)."""
-    try:
-        variant_kernel(*job)
-    except Exception as error:  # reported again, per row, when timed
-        print(f"{job}: {type(error).__name__}: {error}", flush=True)
+    return built(Variant, call)
 
 
 def contenders(batch: int, capacity: int, variants: list[str]) -> tuple[dict, torch.Tensor, int]:
@@ -98,13 +95,8 @@ def contenders(batch: int, capacity: int, variants: list[str]) -> tuple[dict, to
         found[f"SDPA {name}"] = Forced(lambda backend=backend: sdpa_kernel(backend), sdpa)
     found["AttentionDecodeOp (dispatched)"] = lambda: dec(q, k, v, lens)
     found["AttentionFwdOp (dispatched)"] = lambda: fwd(q, k, v)
-    for spec in variants:
-        try:
-            kernel = variant_kernel(batch, capacity, spec)
-        except Exception as error:
-            found[f"tilelang {spec}"] = error
-            continue
-        found[f"tilelang {spec}"] = lambda kernel=kernel: kernel.decode(q, k, v, lens)
+    build = lambda spec: variant_kernel(batch, capacity, spec)  # noqa: E731
+    found.update(variant_contenders(variants, build, lambda kernel: kernel.decode(q, k, v, lens)))
     want = sdpa().float()
     return found, want, 2 * k.numel() * k.element_size()
 
@@ -118,22 +110,12 @@ def rows_for(batch: int, capacity: int, variants: list[str], rounds: int) -> lis
     found, want, kv_bytes = contenders(batch, capacity, variants)
     copy = copy_gbps(kv_bytes, rounds)
     lines = []
-    for name, fn in found.items():
+    for name, result in checked_runs(found, want, lambda fn: timed(fn, rounds)).items():
         label = f"| {batch} x {capacity} | {kv_bytes / 2**20:.0f} | {name} |"
-        if isinstance(fn, Exception):
-            lines.append(f"{label} failed: {type(fn).__name__}: {str(fn)[:100]} | | | | | |")
+        if isinstance(result, str):
+            lines.append(f"{label} {result} | | | | | |")
             continue
-        context, fn = fn if isinstance(fn, Forced) else (torch.no_grad, fn)
-        try:
-            with context():
-                out = fn()
-                out = out[0] if isinstance(out, tuple) else out
-                error = float((out.float() - want).norm() / want.norm())
-                graph_ms, call_ms, loop_ms = timed(fn, rounds)
-        except Exception as failure:  # a contender that cannot run or be captured is a row
-            lines.append(f"{label} failed: {type(failure).__name__}: "
-                         f"{str(failure).splitlines()[0][:100]} | | | | | |")  # fmt: skip
-            continue
+        error, (graph_ms, call_ms, loop_ms) = result
         pct = [100 * kv_bytes / ms / 1e6 / copy for ms in (graph_ms, call_ms)]
         lines.append(f"{label} {graph_ms * 1e3:.1f} | {pct[0]:.0f} | {call_ms * 1e3:.1f} "
                      f"| {pct[1]:.0f} | {loop_ms * 1e3:.1f} | {error:.1e} |")  # fmt: skip
@@ -152,9 +134,7 @@ def main() -> None:
     variants = args.variants.split(",") if args.variants else []
     batches = {batch: capacity for batch, capacity in shapes}  # plans depend on the batch only
     jobs = [(b, n, spec) for b, n in batches.items() for spec in variants]
-    if jobs:
-        with multiprocessing.get_context("spawn").Pool(min(14, len(jobs))) as pool:
-            pool.map(prebuild, jobs)
+    prebuild(variant_kernel, jobs)
     stamp = run_stamp()
     lines = [f"# Decode plans on {stamp['device']}\n",
              f"{stamp['date']}, commit {stamp['commit']}, torch {stamp['torch']}; bf16, GQA "

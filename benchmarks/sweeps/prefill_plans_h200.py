@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import multiprocessing
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for
 
 import torch
 import torch.nn.functional as F
+from _harness.builds import built, prebuild, variant_contenders
 from _harness.provenance import results_dir, run_stamp, write_markdown
-from _harness.timing import Forced, bench
+from _harness.timing import Forced, bench, checked_runs
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tileops import AttentionFwdOp
@@ -59,18 +59,7 @@ def variant_kernel(causal: bool, spec: str, seq: int = 1024) -> Any:
         q_len=seq, kv_len=seq, head_dim=DIM, v_dim=DIM, causal=causal, scale=DIM**-0.5,
         dtype=DTYPE, window=None,
     )  # fmt: skip
-    refusal = Variant.refusal(call)
-    if refusal:
-        raise ValueError(refusal)
-    return Variant.entry_for(call)[1]()
-
-
-def prebuild(job: tuple[bool, str]) -> None:
-    """Compile one (causal, variant) into the disk cache (a worker of the build pool)."""
-    try:
-        variant_kernel(*job)
-    except Exception as error:  # reported again, per row, when timed
-        print(f"{job}: {type(error).__name__}: {error}", flush=True)
+    return built(Variant, call)
 
 
 def contenders(seq: int, causal: bool, variants: list[str]) -> tuple[dict, Any]:
@@ -85,13 +74,8 @@ def contenders(seq: int, causal: bool, variants: list[str]) -> tuple[dict, Any]:
     }
     fwd = AttentionFwdOp(causal=causal)
     found["AttentionFwdOp (dispatched)"] = lambda: fwd(q, k, v)
-    for spec in variants:
-        try:
-            kernel = variant_kernel(causal, spec, seq)
-        except Exception as error:
-            found[f"tilelang {spec}"] = error
-            continue
-        found[f"tilelang {spec}"] = lambda kernel=kernel: kernel.forward(q, k, v)
+    build = lambda spec: variant_kernel(causal, spec, seq)  # noqa: E731
+    found.update(variant_contenders(variants, build, lambda kernel: kernel.forward(q, k, v)))
     return found, sdpa
 
 
@@ -101,22 +85,12 @@ def rows_for(seq: int, causal: bool, variants: list[str], rounds: int) -> list[s
         want = sdpa().float()
     flops = 4 * (TOKENS // seq) * HEADS * seq * seq * DIM / (2 if causal else 1)
     lines = []
-    for name, fn in found.items():
+    for name, result in checked_runs(found, want, lambda fn: bench(fn, rounds)).items():
         label = f"| {'causal' if causal else 'full'} | {seq} | {name} |"
-        if isinstance(fn, Exception):
-            lines.append(f"{label} failed: {type(fn).__name__}: {str(fn)[:100]} | | |")
+        if isinstance(result, str):
+            lines.append(f"{label} {result} | | |")
             continue
-        context, fn = fn if isinstance(fn, Forced) else (torch.no_grad, fn)
-        try:
-            with context(), torch.no_grad():
-                out = fn()
-                out = out[0] if isinstance(out, tuple) else out
-                error = float((out.float() - want).norm() / want.norm())
-                ms = bench(fn, rounds)
-        except Exception as failure:  # a contender that cannot run is a row
-            lines.append(f"{label} failed: {type(failure).__name__}: "
-                         f"{str(failure).splitlines()[0][:100]} | | |")  # fmt: skip
-            continue
+        error, ms = result
         lines.append(f"{label} {flops / ms / 1e9:.0f} | {ms:.3f} | {error:.1e} |")
         print(lines[-1], flush=True)
     return lines
@@ -132,9 +106,7 @@ def main() -> None:
     seqs = [int(s) for s in args.seqs.split(",")]
     variants = args.variants.split(",") if args.variants else []
     jobs = [(causal, spec) for causal in (True, False) for spec in variants]
-    if jobs:
-        with multiprocessing.get_context("spawn").Pool(min(14, len(jobs))) as pool:
-            pool.map(prebuild, jobs)
+    prebuild(variant_kernel, jobs)
     stamp = run_stamp()
     lines = [f"# Prefill plans on {stamp['device']}\n",
              f"{stamp['date']}, commit {stamp['commit']}, torch {stamp['torch']}; bf16, GQA "
