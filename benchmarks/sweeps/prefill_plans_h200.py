@@ -7,11 +7,11 @@ each plan variant and called directly (its outputs allocated, one launch). Media
 with the L2 cleared, best of `--rounds`; each row carries its error against cuDNN's output.
 
 A variant is `auto` (fwd_program: TileLang's own pipeline and warp specialization) or `ws`
-(fwd_ws_program: the hand-scheduled producer and consumers), optionally /nN (keys per step)
-and /sS (K and V buffers).
+(fwd_ws_program: the hand-scheduled producer and consumers), optionally /nN (keys per step),
+/sS (K and V buffers) and, with ws, /p (the consumer warpgroups issue their MMAs in turns).
 
     python benchmarks/sweeps/prefill_plans_h200.py [--seqs 1024,4096,16384]
-        [--variants auto,ws] [--rounds 2] [--out DIR]
+        [--variants auto,ws,ws/p] [--rounds 2] [--out DIR]
 
 Writes `<out>/prefill_plans_<device>.md`.
 """
@@ -47,6 +47,9 @@ def variant_kernel(causal: bool, spec: str, seq: int = 1024) -> Any:
     kind, *options = spec.split("/")
     changes: dict[str, Any] = {"overlap": kind == "ws"}
     for option in options:
+        if option == "p":
+            changes["pingpong"] = True
+            continue
         changes[{"n": "block_n", "s": "stages"}[option[0]]] = int(option[1:])
 
     class Variant(TileLangFlashFwdSm90):
@@ -99,7 +102,7 @@ def rows_for(seq: int, causal: bool, variants: list[str], rounds: int) -> list[s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqs", default="1024,4096,16384")
-    parser.add_argument("--variants", default="auto,ws")
+    parser.add_argument("--variants", default="auto,ws,ws/p")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default=str(results_dir("attention")))
     args = parser.parse_args()

@@ -5,7 +5,9 @@ mma.sync; decode as its two kernels (the slices, their combination)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import re
 
 import pytest
 import torch
@@ -24,7 +26,7 @@ UNIFORM_DECODES = [(kernels.TileLangFlashDecode, 80), (kernels.TileLangFlashDeco
 
 
 def call_for(cls, dim: int, causal: bool, dtype: torch.dtype, window: int | None = None):
-    q_len = 1024 if cls in (kernels.TileLangFlashFwd, kernels.TileLangFlashFwdSm90) else 2
+    q_len = 1024 if issubclass(cls, (kernels.TileLangFlashFwd, kernels.TileLangFlashFwdSm90)) else 2
     fields = dict(
         device=torch.device("cuda:0"), batch=2, heads=16, kv_heads=4, q_len=q_len,
         head_dim=dim, v_dim=dim, causal=causal, scale=dim**-0.5, dtype=dtype, window=window,
@@ -149,3 +151,21 @@ def test_the_sm_90_forward_overlaps_the_softmax_with_p_v(causal, window, tilelan
     assert kernel.plan_.overlap
     assert "__launch_bounds__(384" in source and "tl::tma_load" in source
     assert "wait_wgmma<1>" in source and "wgmma_rs" in source
+    assert "named_barrier_arrive" not in source  # no turns unless the plan ping-pongs
+
+
+def test_the_ping_pong_plan_issues_each_warpgroups_mmas_in_turns(tilelang_cache):
+    """FwdPlan.pingpong: each consumer warpgroup syncs on its own named barrier (8 + its
+    index) before issuing its wgmma and arrives at the other's after."""
+
+    class PingPong(kernels.TileLangFlashFwdSm90):
+        @classmethod
+        def plan(cls, call):
+            return dataclasses.replace(super().plan(call), pingpong=True)
+
+    _, kernel = build(PingPong, call_for(PingPong, 128, True, torch.bfloat16), 90)
+    (source,) = sources(kernel)
+    turn = r"__sync_thread_partial\(\(+int\)threadIdx\.x\) >> 7\) \+ 8\), 256\)"
+    assert re.search(turn, source)  # barrier 8 + the warpgroup's index, both warpgroups' threads
+    assert "__named_barrier_arrive(8, 256)" in source  # the second warpgroup's first turn given
+    assert "wait_wgmma<1>" in source

@@ -5,6 +5,7 @@ grouped heads, decode over per-sequence lengths."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -175,6 +176,27 @@ def test_the_tilelang_forward_matches_the_float64_reference(shape, dtype):
     with pinned(AttentionFwdOp, "attention", forward_key()):
         out, lse = AttentionFwdOp(causal, None, window)(q, k, v)
     check(out, lse, *reference_window(q, k, v, causal, window), dtype)
+
+
+@pytest.mark.parametrize("shape", TILELANG_FORWARD, ids=str)
+def test_the_ping_pong_forward_matches_the_float64_reference(shape):
+    """The sm_90a forward with its consumer warpgroups issuing in turns (`FwdPlan.pingpong`,
+    a plan the prefill sweep measures before a kernel takes it), built and called directly."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the ping-pong forward is sm_90a's")
+    from tileops_cuda.attention.kernels import TileLangFlashFwdSm90
+
+    class PingPong(TileLangFlashFwdSm90):
+        @classmethod
+        def plan(cls, call):
+            return dataclasses.replace(super().plan(call), pingpong=True)
+
+    *dims, causal, window = shape
+    q, k, v = inputs(*dims, BF16)
+    call = AttentionFwdOp(causal, None, window).call_for(q, k, v)
+    assert PingPong.refusal(call) is None
+    out, lse = PingPong.entry_for(call)[1]().forward(q, k, v)
+    check(out, lse, *reference_window(q, k, v, causal, window), BF16)
 
 
 TILELANG_DECODE = [  # (batch, heads, kv_heads, q_len, kv_len, dim, causal, window)

@@ -26,7 +26,9 @@ from .plans import FwdPlan
 
 CONSUMERS = 256  # two warpgroups: the MMA's 64 rows each, 128 query rows a block
 PRODUCER = 128  # one warpgroup issuing TMA (its registers given back to the consumers)
+WARPGROUP = 128
 CONSUMER_REGISTERS, PRODUCER_REGISTERS = 240, 24
+TURN_BARRIER = 8  # named barriers 8 and 9: the consumers' turns (TileLang's own use lower ids)
 
 
 def produce(bn: int, stages: int) -> Any:
@@ -56,24 +58,54 @@ def produce(bn: int, stages: int) -> Any:
     return load
 
 
+def turns(plan: FwdPlan) -> tuple[Any, Any]:
+    """(take, give) of FlashAttention 3's ping-pong: with `plan.pingpong` each consumer
+    warpgroup issues its MMAs only in its turn (named barrier TURN_BARRIER + its index, synced
+    by it and arrived at by the other), so one's softmax runs while the other's MMAs do;
+    without it, nothing. The second warpgroup gives the first its first turn."""
+    import tilelang.language as T
+
+    @T.macro
+    def take(wg):
+        T.sync_threads(TURN_BARRIER + wg, CONSUMERS)
+
+    @T.macro
+    def give(wg):
+        T.named_barrier_arrive(TURN_BARRIER + 1 - wg, CONSUMERS)
+
+    @T.macro
+    def nothing(wg):
+        T.evaluate(0)
+
+    return (take, give) if plan.pingpong else (nothing, nothing)
+
+
 def consume(call: AttentionCall, plan: FwdPlan) -> Any:
     """The consumer warpgroups over the key tiles: tile 0's Q K^T and softmax, then for each
     next tile its Q K^T and the previous tile's P V issued together, the softmax while P V
-    runs, the rescale; the last P V."""
+    runs, the rescale; the last P V. Each issue in the warpgroup's turn where the plan
+    ping-pongs (`turns`); the first warpgroup gives its turn after the last, the second keeps
+    it, so every turn given is taken."""
     import tilelang.language as T
 
     bn, stages = plan.block_n, plan.stages
     softmax = online_softmax(plan.block_m, bn, call.scale * LOG2E)
     mask = mask_scores(call, plan)
+    take, give = turns(plan)
     full_row = T.GemmWarpPolicy.FullRow
 
     @T.macro
     def attend(q_tile, k_tiles, v_tiles, k_full, v_full, k_free, v_free, scores, probs, acc,
                row_max, prev_max, scaled_max, rescale, tile_sum, row_sum,
                q_start, first, tiles, q_len, kv_len):  # fmt: skip
+        wg = T.get_thread_binding() // WARPGROUP
+        if wg == 1:
+            give(wg)
         T.barrier_wait(k_full[0], 0)
         mask(scores, q_start, first * bn, q_len, kv_len)
+        take(wg)
         T.wgmma_gemm(q_tile, k_tiles[0, :, :], scores, transpose_B=True, policy=full_row)
+        give(wg)
         T.wait_wgmma(0)
         T.barrier_arrive(k_free[0])
         softmax(scores, row_max, prev_max, scaled_max, rescale, tile_sum, row_sum)
@@ -83,9 +115,11 @@ def consume(call: AttentionCall, plan: FwdPlan) -> Any:
             done, done_lap = (t - 1) % stages, ((t - 1) // stages) & 1
             T.barrier_wait(k_full[slot], lap)
             mask(scores, q_start, (first + t) * bn, q_len, kv_len)
+            take(wg)
             T.wgmma_gemm(q_tile, k_tiles[slot, :, :], scores, transpose_B=True, policy=full_row)
             T.barrier_wait(v_full[done], done_lap)
             T.wgmma_gemm(probs, v_tiles[done, :, :], acc, policy=full_row)
+            give(wg)
             T.wait_wgmma(1)  # Q K^T, the older; P V may still run
             T.barrier_arrive(k_free[slot])
             softmax(scores, row_max, prev_max, scaled_max, rescale, tile_sum, row_sum)
@@ -96,7 +130,10 @@ def consume(call: AttentionCall, plan: FwdPlan) -> Any:
             T.copy(scores, probs)
         last, last_lap = (tiles - 1) % stages, ((tiles - 1) // stages) & 1
         T.barrier_wait(v_full[last], last_lap)
+        take(wg)
         T.wgmma_gemm(probs, v_tiles[last, :, :], acc, policy=full_row)
+        if wg == 0:
+            give(wg)
         T.wait_wgmma(0)
         T.barrier_arrive(v_free[last])
 

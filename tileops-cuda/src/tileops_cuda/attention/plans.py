@@ -31,6 +31,7 @@ class FwdPlan:
     stages: int
     threads: int
     overlap: bool = False  # fwd_ws_program: warp-specialized, softmax beside the MMAs (sm_90a)
+    pingpong: bool = False  # with overlap: the consumer warpgroups issue their MMAs in turns
 
 
 @dataclass(frozen=True)
