@@ -5,6 +5,7 @@ plans per shape (cuDNN's SDPA) pays its plan each time. One query token, bf16, G
 head_dim 128, batch 1. For each contender: the median of 200 calls at one length (300 keys),
 and of 200 calls each at a length this process has not run before (every contender its own
 range); each call synchronized, so these are host and GPU time together, as a loop pays them.
+Then a host profile (cProfile) of AttentionFwdOp and of SDPA at one length.
 
     python benchmarks/sweeps/decode_lengths_h200.py [--calls 200] [--out DIR]
 
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for
 import torch
 import torch.nn.functional as F
 from _harness.provenance import results_dir, run_stamp, write_markdown
+from _harness.timing import host_profile
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tileops import AttentionDecodeOp, AttentionFwdOp
@@ -79,6 +81,12 @@ def main() -> None:
         fresh += args.calls
         lines.append(f"| {name} | {same:.0f} | {new:.0f} |")
         print(lines[-1], flush=True)
+    k = torch.randn(1, KV_HEADS, FIRST, DIM, device="cuda", dtype=DTYPE)
+    with torch.no_grad():
+        for name, call in (("AttentionFwdOp", lambda: fwd(q, k, k)), ("SDPA", lambda: sdpa(k, 0))):
+            profile = host_profile(call, args.calls, 25)
+            lines += [f"\n## Host profile: {name} at one length, {args.calls} calls\n", "```",
+                      profile, "```"]  # fmt: skip
     write_markdown(args.out, "decode_lengths", stamp["device"], lines)
 
 
