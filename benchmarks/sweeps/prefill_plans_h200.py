@@ -8,10 +8,11 @@ with the L2 cleared, best of `--rounds`; each row carries its error against cuDN
 
 A variant is `auto` (fwd_program: TileLang's own pipeline and warp specialization) or `ws`
 (fwd_ws_program: the hand-scheduled producer and consumers), optionally /nN (keys per step),
-/sS (K and V buffers) and, with ws, /p (the consumer warpgroups issue their MMAs in turns).
+/sS (K and V buffers) and, with ws, /p (the consumer warpgroups issue their MMAs in turns) and
+/h (causal: the query blocks with the most keys launch first).
 
     python benchmarks/sweeps/prefill_plans_h200.py [--seqs 1024,4096,16384]
-        [--variants auto,ws,ws/p] [--rounds 2] [--out DIR]
+        [--variants ws,ws/p,ws/h,ws/p/h] [--rounds 2] [--out DIR]
 
 Writes `<out>/prefill_plans_<device>.md`.
 """
@@ -37,6 +38,7 @@ from tileops import AttentionFwdOp
 
 HEADS, KV_HEADS, DIM, DTYPE, TOKENS = 32, 8, 128, torch.bfloat16, 16384
 SDPA = {"cuDNN": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
+FLAGS = {"p": "pingpong", "h": "heavy_first"}  # a variant's /p, /h
 
 
 def variant_kernel(causal: bool, spec: str, seq: int = 1024) -> Any:
@@ -47,8 +49,8 @@ def variant_kernel(causal: bool, spec: str, seq: int = 1024) -> Any:
     kind, *options = spec.split("/")
     changes: dict[str, Any] = {"overlap": kind == "ws"}
     for option in options:
-        if option == "p":
-            changes["pingpong"] = True
+        if option in FLAGS:
+            changes[FLAGS[option]] = True
             continue
         changes[{"n": "block_n", "s": "stages"}[option[0]]] = int(option[1:])
 
@@ -102,7 +104,7 @@ def rows_for(seq: int, causal: bool, variants: list[str], rounds: int) -> list[s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqs", default="1024,4096,16384")
-    parser.add_argument("--variants", default="auto,ws,ws/p")
+    parser.add_argument("--variants", default="ws,ws/p,ws/h,ws/p/h")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default=str(results_dir("attention")))
     args = parser.parse_args()

@@ -154,18 +154,37 @@ def test_the_sm_90_forward_overlaps_the_softmax_with_p_v(causal, window, tilelan
     assert "named_barrier_arrive" not in source  # no turns unless the plan ping-pongs
 
 
+def sm_90_variant(**changes):
+    """The sm_90a forward with `changes` to its plan (what the prefill sweep measures)."""
+
+    class Variant(kernels.TileLangFlashFwdSm90):
+        @classmethod
+        def plan(cls, call):
+            return dataclasses.replace(super().plan(call), **changes)
+
+    return Variant
+
+
 def test_the_ping_pong_plan_issues_each_warpgroups_mmas_in_turns(tilelang_cache):
     """FwdPlan.pingpong: each consumer warpgroup syncs on its own named barrier (8 + its
     index) before issuing its wgmma and arrives at the other's after."""
-
-    class PingPong(kernels.TileLangFlashFwdSm90):
-        @classmethod
-        def plan(cls, call):
-            return dataclasses.replace(super().plan(call), pingpong=True)
-
-    _, kernel = build(PingPong, call_for(PingPong, 128, True, torch.bfloat16), 90)
+    cls = sm_90_variant(pingpong=True)
+    _, kernel = build(cls, call_for(cls, 128, True, torch.bfloat16), 90)
     (source,) = sources(kernel)
     turn = r"__sync_thread_partial\(\(+int\)threadIdx\.x\) >> 7\) \+ 8\), 256\)"
     assert re.search(turn, source)  # barrier 8 + the warpgroup's index, both warpgroups' threads
     assert "__named_barrier_arrive(8, 256)" in source  # the second warpgroup's first turn given
     assert "wait_wgmma<1>" in source
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_heavy_first_plan_launches_the_last_query_blocks_first(causal, tilelang_cache):
+    """FwdPlan.heavy_first: on a causal call the query blocks are the grid's slowest axis,
+    the last (the most keys) first; a call without the mask keeps the plain grid."""
+    cls = sm_90_variant(heavy_first=True)
+    _, kernel = build(cls, call_for(cls, 128, causal, torch.bfloat16), 90)
+    (source,) = sources(kernel)
+    last_first = r"\(\(q_len \+ 127\) >> 7\) \* 128\) - \(\(\(int\)blockIdx\.z\) \* 128\)"
+    assert bool(re.search(last_first, source)) == causal
+    assert ("(((int)blockIdx.x) * 128)" in source) != causal
+    assert "void __launch_bounds__(384, 1) main_kernel(" in source  # the entry Launch calls

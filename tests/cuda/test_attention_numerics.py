@@ -178,24 +178,33 @@ def test_the_tilelang_forward_matches_the_float64_reference(shape, dtype):
     check(out, lse, *reference_window(q, k, v, causal, window), dtype)
 
 
+SM_90_VARIANTS = [
+    {"pingpong": True},
+    {"heavy_first": True},
+    {"pingpong": True, "heavy_first": True},
+]
+
+
+@pytest.mark.parametrize("changes", SM_90_VARIANTS, ids=str)
 @pytest.mark.parametrize("shape", TILELANG_FORWARD, ids=str)
-def test_the_ping_pong_forward_matches_the_float64_reference(shape):
-    """The sm_90a forward with its consumer warpgroups issuing in turns (`FwdPlan.pingpong`,
-    a plan the prefill sweep measures before a kernel takes it), built and called directly."""
+def test_each_sm_90_forward_variant_matches_the_float64_reference(shape, changes):
+    """The sm_90a forward with plans the prefill sweep measures before a kernel takes them:
+    consumer warpgroups issuing in turns, the last query blocks launched first; built and
+    called directly."""
     if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the ping-pong forward is sm_90a's")
+        pytest.skip("the variants are of the sm_90a forward")
     from tileops_cuda.attention.kernels import TileLangFlashFwdSm90
 
-    class PingPong(TileLangFlashFwdSm90):
+    class Variant(TileLangFlashFwdSm90):
         @classmethod
         def plan(cls, call):
-            return dataclasses.replace(super().plan(call), pingpong=True)
+            return dataclasses.replace(super().plan(call), **changes)
 
     *dims, causal, window = shape
     q, k, v = inputs(*dims, BF16)
     call = AttentionFwdOp(causal, None, window).call_for(q, k, v)
-    assert PingPong.refusal(call) is None
-    out, lse = PingPong.entry_for(call)[1]().forward(q, k, v)
+    assert Variant.refusal(call) is None
+    out, lse = Variant.entry_for(call)[1]().forward(q, k, v)
     check(out, lse, *reference_window(q, k, v, causal, window), BF16)
 
 

@@ -140,63 +140,88 @@ def consume(call: AttentionCall, plan: FwdPlan) -> Any:
     return attend
 
 
-def fwd_ws_program(call: AttentionCall, plan: FwdPlan) -> Any:
-    """The prim_func of the overlapped forward for `call` under `plan` (block_m 128)."""
+def ws_block(call: AttentionCall, plan: FwdPlan) -> Any:
+    """The macro of one block: query block `q_block` of `head` in sequence `b`, the producer
+    and the consumers over its key tiles, the finished rows stored."""
     import tilelang.language as T
 
-    from .._common import tiles
-
     dtype, dim = DTYPE_NAMES[call.dtype], call.head_dim
-    heads, group = call.heads, call.heads // call.kv_heads
+    group = call.heads // call.kv_heads
     bm, bn, stages = plan.block_m, plan.block_n, plan.stages
-    batch, q_len, kv_len = T.dynamic("batch"), T.dynamic("q_len"), T.dynamic("kv_len")
     finish = finish_rows(bm, dim, call.scale)
     store = store_rows(bm)
     load, attend = produce(bn, stages), consume(call, plan)
     neg_inf = -T.infinity("float32")
-    threads = CONSUMERS + PRODUCER
 
-    def main(Q, K, V, Out, Lse):
-        with T.Kernel(T.ceildiv(q_len, bm), heads, batch, threads=threads) as (bx, head, b):
-            q_tile = T.alloc_shared((bm, dim), dtype)  # the output's staging at the end
-            k_tiles = T.alloc_shared((stages, bn, dim), dtype)
-            v_tiles = T.alloc_shared((stages, bn, dim), dtype)
-            scores = T.alloc_fragment((bm, bn), "float32")
-            probs = T.alloc_fragment((bm, bn), dtype)
-            acc = T.alloc_fragment((bm, dim), "float32")
-            row_max = T.alloc_fragment((bm,), "float32")
-            prev_max = T.alloc_fragment((bm,), "float32")
-            scaled_max = T.alloc_fragment((bm,), "float32")
-            rescale = T.alloc_fragment((bm,), "float32")
-            tile_sum = T.alloc_fragment((bm,), "float32")
-            row_sum = T.alloc_fragment((bm,), "float32")
-            lse = T.alloc_fragment((bm,), "float32")
-            q_ready = T.alloc_barrier(arrive_count=CONSUMERS + PRODUCER)
-            k_full = T.alloc_barrier(arrive_count=[PRODUCER] * stages)
-            v_full = T.alloc_barrier(arrive_count=[PRODUCER] * stages)
-            k_free = T.alloc_barrier(arrive_count=[CONSUMERS] * stages)
-            v_free = T.alloc_barrier(arrive_count=[CONSUMERS] * stages)
-            tx = T.get_thread_binding()
-            kv_head = head // group
-            q_start = bx * bm
-            first, end = key_tiles(call, plan, q_start, q_len, kv_len)
-            T.tma_copy(Q[b, head, q_start : q_start + bm, :], q_tile, barrier=q_ready)
-            T.barrier_arrive(q_ready)
-            if tx >= CONSUMERS:
-                load(K, V, k_tiles, v_tiles, k_full, v_full, k_free, v_free, b, kv_head, first,
-                     end - first)  # fmt: skip
-            else:
-                T.set_max_nreg(CONSUMER_REGISTERS, 1)
-                T.fill(acc, 0)
-                T.fill(row_sum, 0)
-                T.fill(row_max, neg_inf)
-                T.barrier_wait(q_ready, 0)
-                if end - first > 0:
-                    attend(q_tile, k_tiles, v_tiles, k_full, v_full, k_free, v_free, scores,
-                           probs, acc, row_max, prev_max, scaled_max, rescale, tile_sum, row_sum,
-                           q_start, first, end - first, q_len, kv_len)  # fmt: skip
-                finish(acc, row_max, row_sum, lse)
-                store(acc, q_tile, lse, Out, Lse, b, head, q_start, q_len)
+    @T.macro
+    def block(Q, K, V, Out, Lse, q_block, head, b, q_len, kv_len):
+        q_tile = T.alloc_shared((bm, dim), dtype)  # the output's staging at the end
+        k_tiles = T.alloc_shared((stages, bn, dim), dtype)
+        v_tiles = T.alloc_shared((stages, bn, dim), dtype)
+        scores = T.alloc_fragment((bm, bn), "float32")
+        probs = T.alloc_fragment((bm, bn), dtype)
+        acc = T.alloc_fragment((bm, dim), "float32")
+        row_max = T.alloc_fragment((bm,), "float32")
+        prev_max = T.alloc_fragment((bm,), "float32")
+        scaled_max = T.alloc_fragment((bm,), "float32")
+        rescale = T.alloc_fragment((bm,), "float32")
+        tile_sum = T.alloc_fragment((bm,), "float32")
+        row_sum = T.alloc_fragment((bm,), "float32")
+        lse = T.alloc_fragment((bm,), "float32")
+        q_ready = T.alloc_barrier(arrive_count=CONSUMERS + PRODUCER)
+        k_full = T.alloc_barrier(arrive_count=[PRODUCER] * stages)
+        v_full = T.alloc_barrier(arrive_count=[PRODUCER] * stages)
+        k_free = T.alloc_barrier(arrive_count=[CONSUMERS] * stages)
+        v_free = T.alloc_barrier(arrive_count=[CONSUMERS] * stages)
+        tx = T.get_thread_binding()
+        kv_head = head // group
+        q_start = q_block * bm
+        first, end = key_tiles(call, plan, q_start, q_len, kv_len)
+        T.tma_copy(Q[b, head, q_start : q_start + bm, :], q_tile, barrier=q_ready)
+        T.barrier_arrive(q_ready)
+        if tx >= CONSUMERS:
+            load(K, V, k_tiles, v_tiles, k_full, v_full, k_free, v_free, b, kv_head, first,
+                 end - first)  # fmt: skip
+        else:
+            T.set_max_nreg(CONSUMER_REGISTERS, 1)
+            T.fill(acc, 0)
+            T.fill(row_sum, 0)
+            T.fill(row_max, neg_inf)
+            T.barrier_wait(q_ready, 0)
+            if end - first > 0:
+                attend(q_tile, k_tiles, v_tiles, k_full, v_full, k_free, v_free, scores,
+                       probs, acc, row_max, prev_max, scaled_max, rescale, tile_sum, row_sum,
+                       q_start, first, end - first, q_len, kv_len)  # fmt: skip
+            finish(acc, row_max, row_sum, lse)
+            store(acc, q_tile, lse, Out, Lse, b, head, q_start, q_len)
+
+    return block
+
+
+def fwd_ws_program(call: AttentionCall, plan: FwdPlan) -> Any:
+    """The prim_func of the overlapped forward for `call` under `plan` (block_m 128): a block
+    per (query block, head, sequence), the query blocks fastest; with `plan.heavy_first` on a
+    causal call, slowest and the last first, so the blocks with the most keys start first and
+    the light ones fill the last wave."""
+    import tilelang.language as T
+
+    from .._common import tiles
+
+    batch, q_len, kv_len = T.dynamic("batch"), T.dynamic("q_len"), T.dynamic("kv_len")
+    blocks, heads, threads = T.ceildiv(q_len, plan.block_m), call.heads, CONSUMERS + PRODUCER
+    block = ws_block(call, plan)
+
+    if plan.heavy_first and call.causal:
+
+        def main(Q, K, V, Out, Lse):  # "main" either way: the module's entry (compile.Launch)
+            with T.Kernel(heads, batch, blocks, threads=threads) as (head, b, bz):
+                block(Q, K, V, Out, Lse, blocks - 1 - bz, head, b, q_len, kv_len)
+
+    else:
+
+        def main(Q, K, V, Out, Lse):
+            with T.Kernel(blocks, heads, batch, threads=threads) as (bx, head, b):
+                block(Q, K, V, Out, Lse, bx, head, b, q_len, kv_len)
 
     shapes = fwd_shapes(call, batch, q_len, kv_len)
-    return tiles.prim_func(main, dtype, {"Lse": "float32"}, **shapes)
+    return tiles.prim_func(main, DTYPE_NAMES[call.dtype], {"Lse": "float32"}, **shapes)

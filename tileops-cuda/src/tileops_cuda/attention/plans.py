@@ -32,6 +32,7 @@ class FwdPlan:
     threads: int
     overlap: bool = False  # fwd_ws_program: warp-specialized, softmax beside the MMAs (sm_90a)
     pingpong: bool = False  # with overlap: the consumer warpgroups issue their MMAs in turns
+    heavy_first: bool = False  # with overlap, causal: the blocks with the most keys launch first
 
 
 @dataclass(frozen=True)
