@@ -5,26 +5,32 @@ interface of AttentionFwdOp, the "attention_bwd" interface of AttentionBwdOp and
 | key                     | archs     | serves                                    | preferred over |
 |-------------------------|-----------|-------------------------------------------|----------------|
 | sdpa_cudnn              | sm_80..90 | 16-bit; head dims <= 128, multiples of 8; | sdpa_flash,    |
-|                         |           | kv_len > 1; causal where q_len == kv_len  | sdpa_efficient |
+|                         |           | kv_len > 1; causal where q_len == kv_len; | sdpa_efficient |
+|                         |           | no decode (the decode region)             |                |
 | sdpa_flash              | sm_80..90 | 16-bit; head_dim = v_dim <= 256, multiple | sdpa_efficient |
 |                         |           | of 8; causal where q_len <= kv_len        |                |
 | sdpa_efficient          | sm_80..90 | 16-bit, float32; head dims multiples of 8 |                |
 |                         |           | (4); causal where q_len == kv_len; no     |                |
 |                         |           | grouped-query decode (q_len == 1)         |                |
 | tilelang_flash_fwd      | sm_80..89 | 16-bit; head_dim = v_dim in {64, 128};    |                |
-| tilelang_flash_fwd_sm90 | sm_90     | every mask; q_len > DECODE_Q_LEN          |                |
-| tilelang_flash_decode   | sm_80..90 | as the forward, q_len <= DECODE_Q_LEN     |                |
+| tilelang_flash_fwd_sm90 | sm_90     | every mask; outside the decode region     |                |
+| tilelang_flash_decode   | sm_80..90 | as the forward, in the decode region (a   | sdpa_flash,    |
+|                         |           | kv head's query rows fit the decode tile) | sdpa_efficient |
 | tilelang_paged_decode   | sm_80..90 | as the decode, over a paged cache: blocks |                |
 |                         |           | of a power of two >= 8 slots              |                |
 
-No SDPA kernel takes a sliding window. Every SDPA kernel is also preferred over every TileLang
-key; the backward interface has the three SDPA kernels alone, in the same order.
+No SDPA kernel takes a sliding window. Every SDPA kernel is preferred over the TileLang
+forwards; the backward interface has the three SDPA kernels alone, in the same order.
+AttentionDecodeOp's "tilelang_flash_decode" (contiguous cache) and "tilelang_paged_decode" have
+no vendor kernel beside them.
 
 cuDNN over FlashAttention 2 over the memory-efficient kernel is the H200's measured order
-(TUNING.md#vendor-order). The TileLang kernels lose to every vendor kernel that serves a call:
+(TUNING.md#vendor-order). The TileLang forwards lose to every vendor kernel that serves a call:
 none has been measured faster yet (TUNING.md#tilelang-unmeasured), so they serve what no vendor
-does (sliding windows, causal calls with q_len != kv_len on cuDNN's side, decode over per-
-sequence lengths) and what a pin or an operator preference gives them.
+does (sliding windows, causal calls with q_len != kv_len on cuDNN's side) and what a pin or an
+operator preference gives them. Decode is the TileLang split-KV kernel's: faster than
+FlashAttention at every decode shape measured, and cuDNN plans anew for every key length
+(TUNING.md#cudnn-decode).
 """
 
 from __future__ import annotations
