@@ -26,7 +26,8 @@ UNIFORM_DECODES = [(kernels.TileLangFlashDecode, 80), (kernels.TileLangFlashDeco
 
 
 def call_for(cls, dim: int, causal: bool, dtype: torch.dtype, window: int | None = None):
-    q_len = 1024 if issubclass(cls, (kernels.TileLangFlashFwd, kernels.TileLangFlashFwdSm90)) else 2
+    prefill = (kernels.TileLangFlashFwd, kernels.TileLangFlashFwdSm90, kernels.TileLangFlashBwd)
+    q_len = 1024 if issubclass(cls, prefill) else 2
     fields = dict(
         device=torch.device("cuda:0"), batch=2, heads=16, kv_heads=4, q_len=q_len,
         head_dim=dim, v_dim=dim, causal=causal, scale=dim**-0.5, dtype=dtype, window=window,
@@ -82,6 +83,28 @@ def test_the_sm_80_forward_and_decode_stay_on_cp_async_and_mma_sync(tilelang_cac
         source = sources(kernel)[0]
         assert "mma" in source and "cp_async" in source
         assert "wgmma" not in source and "tma_load" not in source
+
+
+BACKWARDS = [  # arch, head_dim, causal, window, dtype
+    (80, 128, True, None, torch.bfloat16),
+    (90, 64, False, None, torch.bfloat16),
+    (90, 128, True, 100, torch.float16),
+]
+
+
+@pytest.mark.parametrize("arch, dim, causal, window, dtype", BACKWARDS, ids=str)
+def test_the_backward_compiles_to_mma_sync_with_float32_atomics_for_dq(
+    arch, dim, causal, window, dtype, tilelang_cache
+):
+    """TileLangFlashBwd (`bwd_program`): one program, loads by cp.async and mma.sync on sm_80
+    and sm_90 alike, dQ added to its float32 buffer by atomics; lengths symbolic."""
+    cls = kernels.TileLangFlashBwd
+    identity, kernel = build(cls, call_for(cls, dim, causal, dtype, window), arch)
+    assert identity[0] == arch and kernel.plan_.block_n == {64: 64, 128: 32}[dim]
+    (source,) = sources(kernel)
+    assert "tl::mma_sync" in source and "cp_async" in source and "wgmma" not in source
+    assert re.search(r"AtomicAdd(x2|x4)?\(\(&\(dQ\[", source)  # vectorized where it can be
+    assert not cls.deterministic  # the atomics' order varies: use_deterministic_algorithms skips it
 
 
 def test_one_forward_build_serves_every_length(tilelang_cache):

@@ -208,6 +208,28 @@ def test_each_sm_90_forward_variant_matches_the_float64_reference(shape, changes
     check(out, lse, *reference_window(q, k, v, causal, window), BF16)
 
 
+@pytest.mark.parametrize("given", [True, False], ids=["out and lse given", "forward again"])
+@pytest.mark.parametrize("shape", TILELANG_FORWARD, ids=str)
+def test_the_tilelang_backward_matches_the_float64_reference(shape, given):
+    """TileLangFlashBwd, built and called directly (no op selects it before this passes):
+    from the forward's out and lse, and without them (it runs the forward again)."""
+    from tileops_cuda.attention.kernels import TileLangFlashBwd
+
+    *dims, causal, window = shape
+    q, k, v = inputs(*dims, BF16)
+    grad_out = torch.randn_like(q)
+    out, lse = AttentionFwdOp(causal, None, window)(q, k, v) if given else (None, None)
+    call = AttentionBwdOp(causal, None, window).call_for(q, k, v)
+    assert TileLangFlashBwd.refusal(call) is None
+    grads = TileLangFlashBwd.entry_for(call)[1]().forward(grad_out, q, k, v, out, lse)
+    scale = 1 / math.sqrt(q.shape[-1])
+    as64 = (t.double() for t in (grad_out, q, k, v))
+    wanted = attend_grads(*as64, scale=scale, causal=causal, window=window)
+    for got, want, like in zip(grads, wanted, (q, k, v), strict=True):
+        assert got.shape == like.shape and got.dtype == like.dtype
+        assert rel_err(got, want) < 2 * TOLERANCE[BF16]
+
+
 TILELANG_DECODE = [  # (batch, heads, kv_heads, q_len, kv_len, dim, causal, window)
     (1, 32, 8, 1, 4096, 128, False, None),  # the issue's batch-1 decode, scaled down
     (16, 32, 8, 1, 333, 64, False, None),

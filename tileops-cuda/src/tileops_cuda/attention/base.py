@@ -16,10 +16,11 @@ from tileops.backend import Build
 from .._common.arith import DTYPE_NAMES
 from .._common.compile import Launch, build_program
 from .._common.operands import aligned, current_raw_stream
+from .bwd_program import bwd_program
 from .decode_program import combine_program, split_program
 from .fwd_program import fwd_program
 from .fwd_ws_program import fwd_ws_program
-from .plans import DECODE_ROWS, HEAD_DIMS, decode_plan, decode_rows, fwd_plan
+from .plans import DECODE_ROWS, HEAD_DIMS, bwd_plan, decode_plan, decode_rows, fwd_plan
 
 Tensor = torch.Tensor
 HALF = (torch.float16, torch.bfloat16)
@@ -128,6 +129,43 @@ class FlashForward(_TileLang):
         lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
         self.launches[0](q, k, v, out, lse)
         return out, lse
+
+
+class FlashBackward(_TileLang):
+    """The backward (`bwd_program`): dK and dV per key block, dQ added by float32 atomics and
+    scaled and rounded here; delta = rowsum(dO * O) computed here. q_len, kv_len and batch
+    symbolic. `mask`: the call's (causal, scale, window), AttentionFwdOp's params."""
+
+    mask: tuple[bool, float, int | None]
+
+    @classmethod
+    def plan(cls, call: Any) -> Hashable:
+        return bwd_plan(call)
+
+    @classmethod
+    def entry_for(cls, call: Any) -> tuple[Hashable, Build]:
+        identity, build = super().entry_for(call)
+
+        def built() -> FlashBackward:
+            kernel = build()
+            kernel.mask = (call.causal, call.scale, call.window)
+            return kernel
+
+        return identity, built
+
+    @classmethod
+    def programs(cls, call: Any, plan: Any) -> list[Any]:
+        return [lambda: bwd_program(call, plan)]
+
+    def backward(
+        self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+        q, k, v, grad_out = aligned(q), aligned(k), aligned(v), aligned(grad_out)
+        delta = (grad_out.float() * out.float()).sum(-1)
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        self.launches[0](q, k, v, grad_out, aligned(lse), delta, dq, dk, dv)
+        return dq.mul_(self.mask[1]).to(q.dtype), dk, dv
 
 
 class SplitDecode(_TileLang):

@@ -41,7 +41,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from tileops import Kernel
+from tileops import AttentionFwdOp, Kernel
 from tileops.backend import Build
 from tileops.ops import (
     AttentionBwdInterface,
@@ -53,7 +53,7 @@ from tileops.ops import (
 
 from .._common.arith import AMPERE_AND_LATER
 from . import sdpa
-from .base import FlashForward, SplitDecode, decode_region, scale_refusal
+from .base import FlashBackward, FlashForward, SplitDecode, decode_region, scale_refusal
 from .plans import DECODE_BLOCK_N, DECODE_ROWS
 
 HALF = (torch.float16, torch.bfloat16)
@@ -271,6 +271,20 @@ class TileLangFlashFwdSm90(FlashForward, AttentionInterface):
     @classmethod
     def region_refusal(cls, call: AttentionCall) -> str | None:
         return forward_region(call)
+
+
+class TileLangFlashBwd(FlashBackward, AttentionBwdInterface):
+    """FlashAttention 2's backward on sm_80 .. sm_90 (mma.sync fed by cp.async), from the
+    forward's out and lse. Not registered yet: no GPU has run it (TUNING.md#bwd-tiles)."""
+
+    supported_archs = AMPERE_AND_LATER
+    deterministic = False  # dQ summed by float32 atomics, in no fixed order
+
+    def forward(self, grad_out, q, k, v, out, lse) -> tuple:
+        if out is None or lse is None:  # out modified in place since: the forward once more
+            with torch.no_grad():
+                out, lse = AttentionFwdOp(*self.mask)(q, k, v)
+        return self.backward(grad_out, q, k, v, out, lse)
 
 
 class TileLangFlashDecode(SplitDecode, AttentionInterface):

@@ -19,6 +19,9 @@ DECODE_MIN_ROWS = 16  # the MMA's row tile: fewer rows are padded to it
 DECODE_BLOCK_N = 64  # TUNING.md#decode-split: keys per step
 DECODE_THREADS = 128  # TUNING.md#decode-split: 4 warps
 DECODE_BLOCKS_PER_SM = 2  # TUNING.md#decode-split: split the keys until the grid fills this
+BWD_BLOCK_M = 64  # TUNING.md#bwd-tiles: keys per backward block
+BWD_BLOCK_N = {64: 64, 128: 32}  # TUNING.md#bwd-tiles: queries per step, by head_dim
+BWD_THREADS = 128  # TUNING.md#bwd-tiles: 4 warps
 HEAD_DIMS = (64, 128)
 
 
@@ -33,6 +36,15 @@ class FwdPlan:
     overlap: bool = False  # fwd_ws_program: warp-specialized, softmax beside the MMAs (sm_90a)
     pingpong: bool = False  # with overlap: the consumer warpgroups issue their MMAs in turns
     heavy_first: bool = False  # with overlap, causal: the blocks with the most keys launch first
+
+
+@dataclass(frozen=True)
+class BwdPlan:
+    """One block of the backward: `block_m` keys of one kv head, `block_n` queries a step."""
+
+    block_m: int
+    block_n: int
+    threads: int
 
 
 @dataclass(frozen=True)
@@ -63,6 +75,11 @@ def fwd_plan(call: AttentionCall, tma: bool) -> FwdPlan:
     fits = [n for n in FWD_BLOCK_N if fwd_smem_bytes(call, n, stages) <= call.smem_budget]
     block_n = fits[0] if fits else FWD_BLOCK_N[-1]
     return FwdPlan(FWD_BLOCK_M, block_n, stages, FWD_THREADS, overlap=tma)
+
+
+def bwd_plan(call: AttentionCall) -> BwdPlan:
+    """TUNING.md#bwd-tiles: 64 keys a block, 64 queries a step at head_dim 64 and 32 at 128."""
+    return BwdPlan(BWD_BLOCK_M, BWD_BLOCK_N[call.head_dim], BWD_THREADS)
 
 
 def decode_rows(call: AttentionCall) -> int:
