@@ -89,4 +89,4 @@ def test_the_backward_skips_the_query_tiles_its_keys_are_hidden_from():
     walked, total = query_tiles_walked(call_for(True, None), 512, 512)
     assert total == 8 * 16 and walked == sum(16 - 2 * block for block in range(8))
     walked, _ = query_tiles_walked(call_for(True, 64), 512, 512)
-    assert walked == 7 * 4 + 2  # its own two tiles and the two its window reaches; q_len ends the last
+    assert walked == 7 * 4 + 2  # its two tiles, two more in the window's reach; the last: two
