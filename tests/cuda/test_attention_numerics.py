@@ -5,12 +5,12 @@ grouped heads, decode over per-sequence lengths."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from test_attention_compile import sm_90_variant
 
 import tileops_cuda
 from tileops import AttentionBwdOp, AttentionDecodeOp, AttentionFwdOp, pinned
@@ -178,6 +178,12 @@ def test_the_tilelang_forward_matches_the_float64_reference(shape, dtype):
     check(out, lse, *reference_window(q, k, v, causal, window), dtype)
 
 
+def built_directly(kernel_type, call):
+    """A kernel no op selects yet, built for `call` (which it must serve)."""
+    assert kernel_type.refusal(call) is None, kernel_type.refusal(call)
+    return kernel_type.entry_for(call)[1]()
+
+
 SM_90_VARIANTS = [
     {"pingpong": True},
     {"heavy_first": True},
@@ -193,18 +199,10 @@ def test_each_sm_90_forward_variant_matches_the_float64_reference(shape, changes
     called directly."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the variants are of the sm_90a forward")
-    from tileops_cuda.attention.kernels import TileLangFlashFwdSm90
-
-    class Variant(TileLangFlashFwdSm90):
-        @classmethod
-        def plan(cls, call):
-            return dataclasses.replace(super().plan(call), **changes)
-
     *dims, causal, window = shape
     q, k, v = inputs(*dims, BF16)
     call = AttentionFwdOp(causal, None, window).call_for(q, k, v)
-    assert Variant.refusal(call) is None
-    out, lse = Variant.entry_for(call)[1]().forward(q, k, v)
+    out, lse = built_directly(sm_90_variant(**changes), call).forward(q, k, v)
     check(out, lse, *reference_window(q, k, v, causal, window), BF16)
 
 
@@ -220,8 +218,7 @@ def test_the_tilelang_backward_matches_the_float64_reference(shape, given):
     grad_out = torch.randn_like(q)
     out, lse = AttentionFwdOp(causal, None, window)(q, k, v) if given else (None, None)
     call = AttentionBwdOp(causal, None, window).call_for(q, k, v)
-    assert TileLangFlashBwd.refusal(call) is None
-    grads = TileLangFlashBwd.entry_for(call)[1]().forward(grad_out, q, k, v, out, lse)
+    grads = built_directly(TileLangFlashBwd, call).forward(grad_out, q, k, v, out, lse)
     scale = 1 / math.sqrt(q.shape[-1])
     as64 = (t.double() for t in (grad_out, q, k, v))
     wanted = attend_grads(*as64, scale=scale, causal=causal, window=window)

@@ -105,9 +105,10 @@ def bwd_program(call: AttentionCall, plan: BwdPlan) -> Any:
             T.clear(dk)
             T.clear(dv)
             first, end = query_tiles(call, plan, k_start, q_len, kv_len)
-            for t in T.Pipelined(group * (end - first), num_stages=1):
-                head = kv_head * group + t // (end - first)
-                q_start = (first + t % (end - first)) * bn
+            steps = end - first  # query tiles per head of the group
+            for t in T.Pipelined(group * steps, num_stages=1):
+                head = kv_head * group + t // steps
+                q_start = (first + t % steps) * bn
                 T.copy(Q[b, head, q_start : q_start + bn, :], q_tile)
                 T.copy(dO[b, head, q_start : q_start + bn, :], do_tile)
                 T.copy(Lse[b, head, q_start : q_start + bn], lse)

@@ -59,7 +59,8 @@ class AttentionCall(CallSpec):
 
 
 def decode_bucket(kv_len: int) -> int:
-    """`kv_len` as a decode call spec holds it: 1 as is, else the next power of two."""
+    """A key length (or a cache's capacity, a block table's width) as a decode call spec holds
+    it: 1 as is, else the next power of two."""
     return 1 << (kv_len - 1).bit_length() if kv_len > 1 else kv_len
 
 
