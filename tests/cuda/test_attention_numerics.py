@@ -33,10 +33,12 @@ CALLS = [
 ]
 
 
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+def rel_err(got: torch.Tensor, want: torch.Tensor, floor: float = 1e-30) -> float:
+    """The error's norm over the reference's, or over `floor` where that is larger (a reference
+    that is zero exactly leaves only rounding to measure)."""
     finite = want.isfinite()
     got, want = got.double()[finite], want.double()[finite]
-    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+    return float((got - want).norm() / want.norm().clamp_min(floor))
 
 
 def inputs(batch, heads, kv_heads, q_len, kv_len, dim, dtype, seed=0):
@@ -222,9 +224,12 @@ def test_the_tilelang_backward_matches_the_float64_reference(shape, given):
     scale = 1 / math.sqrt(q.shape[-1])
     as64 = (t.double() for t in (grad_out, q, k, v))
     wanted = attend_grads(*as64, scale=scale, causal=causal, window=window)
+    # A window of one key makes each row's softmax constant, so dQ and dK are zero exactly:
+    # their rounding is measured against a thousandth of dV's norm.
+    floor = 1e-3 * float(wanted[2].norm())
     for got, want, like in zip(grads, wanted, (q, k, v), strict=True):
         assert got.shape == like.shape and got.dtype == like.dtype
-        assert rel_err(got, want) < 2 * TOLERANCE[BF16]
+        assert rel_err(got, want, floor) < 2 * TOLERANCE[BF16]
 
 
 TILELANG_DECODE = [  # (batch, heads, kv_heads, q_len, kv_len, dim, causal, window)
