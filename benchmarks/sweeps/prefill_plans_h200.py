@@ -8,11 +8,12 @@ with the L2 cleared, best of `--rounds`; each row carries its error against cuDN
 
 A variant is `auto` (fwd_program: TileLang's own pipeline and warp specialization) or `ws`
 (fwd_ws_program: the hand-scheduled producer and consumers), optionally /nN (keys per step),
-/sS (K and V buffers) and, with ws, /p (the consumer warpgroups issue their MMAs in turns) and
-/h (causal: the query blocks with the most keys launch first).
+/sS (K and V buffers) and, with ws, /p (the consumer warpgroups issue their MMAs in turns),
+/h (causal: the query blocks with the most keys launch first) and /P (one persistent block an
+SM walks the query blocks, the most keys first).
 
     python benchmarks/sweeps/prefill_plans_h200.py [--seqs 1024,4096,16384]
-        [--variants ws,ws/p,ws/h,ws/p/h] [--rounds 2] [--out DIR]
+        [--variants ws,ws/p,ws/P,ws/p/P] [--rounds 2] [--out DIR]
 
 Writes `<out>/prefill_plans_<device>.md`.
 """
@@ -38,7 +39,7 @@ from tileops import AttentionFwdOp
 
 HEADS, KV_HEADS, DIM, DTYPE, TOKENS = 32, 8, 128, torch.bfloat16, 16384
 SDPA = {"cuDNN": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}
-FLAGS = {"p": "pingpong", "h": "heavy_first"}  # a variant's /p, /h
+FLAGS = {"p": "pingpong", "h": "heavy_first"}  # a variant's /p, /h; /P sets workers
 
 
 def variant_kernel(causal: bool, spec: str, seq: int = 1024) -> Any:
@@ -51,6 +52,9 @@ def variant_kernel(causal: bool, spec: str, seq: int = 1024) -> Any:
     for option in options:
         if option in FLAGS:
             changes[FLAGS[option]] = True
+            continue
+        if option == "P":
+            changes["workers"] = torch.cuda.get_device_properties(0).multi_processor_count
             continue
         changes[{"n": "block_n", "s": "stages"}[option[0]]] = int(option[1:])
 
@@ -104,7 +108,7 @@ def rows_for(seq: int, causal: bool, variants: list[str], rounds: int) -> list[s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqs", default="1024,4096,16384")
-    parser.add_argument("--variants", default="ws,ws/p,ws/h,ws/p/h")
+    parser.add_argument("--variants", default="ws,ws/p,ws/P,ws/p/P")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default=str(results_dir("attention")))
     args = parser.parse_args()

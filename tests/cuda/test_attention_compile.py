@@ -211,3 +211,18 @@ def test_the_heavy_first_plan_launches_the_last_query_blocks_first(causal, tilel
     assert bool(re.search(last_first, source)) == causal
     assert ("(((int)blockIdx.x) * 128)" in source) != causal
     assert "void __launch_bounds__(384, 1) main_kernel(" in source  # the entry Launch calls
+
+
+def test_the_persistent_plan_walks_query_blocks_a_grid_apart(tilelang_cache):
+    """FwdPlan.workers: one-dimensional grid of `workers` blocks, each walking its items
+    `workers` apart; the producer loads an item's Q once the consumers free the previous one,
+    the key tiles continue the ring where the block's last item left it, and the output is
+    staged in a tile of its own (stored by TMA)."""
+    cls = sm_90_variant(workers=132)
+    _, kernel = build(cls, call_for(cls, 128, True, torch.bfloat16), 90)
+    (source,) = sources(kernel)
+    assert "blockIdx.y" not in source and "blockIdx.z" not in source
+    assert "(i * 132) + ((int)blockIdx.x)" in source  # items 132 apart
+    assert "q_free[0].wait(((i & 1) ^ 1));" in source  # the previous item's Q released
+    assert "k_full[(done & 1)].wait(((done >> 1) & 1));" in source  # the ring carried over
+    assert re.search(r"tma_store\(Out_desc, \(&\(\(\(bfloat16_t\*\)o_tile\)", source)

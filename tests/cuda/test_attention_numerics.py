@@ -190,6 +190,8 @@ SM_90_VARIANTS = [
     {"pingpong": True},
     {"heavy_first": True},
     {"pingpong": True, "heavy_first": True},
+    {"workers": 132},
+    {"workers": 5, "pingpong": True},  # few blocks: many query blocks each
 ]
 
 
@@ -197,8 +199,8 @@ SM_90_VARIANTS = [
 @pytest.mark.parametrize("shape", TILELANG_FORWARD, ids=str)
 def test_each_sm_90_forward_variant_matches_the_float64_reference(shape, changes):
     """The sm_90a forward with plans the prefill sweep measures before a kernel takes them:
-    consumer warpgroups issuing in turns, the last query blocks launched first; built and
-    called directly."""
+    consumer warpgroups issuing in turns, the last query blocks launched first, persistent
+    blocks; built and called directly."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the variants are of the sm_90a forward")
     *dims, causal, window = shape

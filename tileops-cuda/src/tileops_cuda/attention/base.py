@@ -19,7 +19,7 @@ from .._common.operands import aligned, current_raw_stream
 from .bwd_program import bwd_program
 from .decode_program import combine_program, split_program
 from .fwd_program import fwd_program
-from .fwd_ws_program import fwd_ws_program
+from .fwd_ws_program import fwd_persistent_program, fwd_ws_program
 from .plans import DECODE_ROWS, HEAD_DIMS, bwd_plan, decode_plan, decode_rows, fwd_plan
 
 Tensor = torch.Tensor
@@ -121,6 +121,8 @@ class FlashForward(_TileLang):
     @classmethod
     def programs(cls, call: Any, plan: Any) -> list[Any]:
         program = fwd_ws_program if plan.overlap else fwd_program
+        if plan.workers:
+            program = fwd_persistent_program
         return [lambda: program(call, plan)]
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:

@@ -33,15 +33,16 @@ TURN_BARRIER = 8  # named barriers 8 and 9: the consumers' turns (TileLang's own
 
 def produce(bn: int, stages: int) -> Any:
     """The producer warpgroup: for each key tile, wait for its slot to be free, then load K
-    and V into it by TMA (the full barrier counts the bytes)."""
+    and V into it by TMA (the full barrier counts the bytes). The ring's position starts
+    after the `done` tiles the block loaded before (for its earlier query blocks)."""
     import tilelang.language as T
 
     @T.macro
-    def load(K, V, k_tiles, v_tiles, k_full, v_full, k_free, v_free, b, kv_head, first, tiles):
-        T.set_max_nreg(PRODUCER_REGISTERS, 0)
+    def load(K, V, k_tiles, v_tiles, k_full, v_full, k_free, v_free, b, kv_head, first, tiles,
+             done):  # fmt: skip
         for t in T.serial(tiles):
             k_start = (first + t) * bn
-            slot, lap = t % stages, (t // stages) & 1
+            slot, lap = (done + t) % stages, ((done + t) // stages) & 1
             T.barrier_wait(k_free[slot], lap ^ 1)
             T.tma_copy(
                 K[b, kv_head, k_start : k_start + bn, :], k_tiles[slot, :, :],
@@ -85,7 +86,7 @@ def consume(call: AttentionCall, plan: FwdPlan) -> Any:
     next tile its Q K^T and the previous tile's P V issued together, the softmax while P V
     runs, the rescale; the last P V. Each issue in the warpgroup's turn where the plan
     ping-pongs (`turns`); the first warpgroup gives its turn after the last, the second keeps
-    it, so every turn given is taken."""
+    it, so every turn given is taken. The ring's position starts after `done` tiles."""
     import tilelang.language as T
 
     bn, stages = plan.block_n, plan.stages
@@ -97,38 +98,40 @@ def consume(call: AttentionCall, plan: FwdPlan) -> Any:
     @T.macro
     def attend(q_tile, k_tiles, v_tiles, k_full, v_full, k_free, v_free, scores, probs, acc,
                row_max, prev_max, scaled_max, rescale, tile_sum, row_sum,
-               q_start, first, tiles, q_len, kv_len):  # fmt: skip
+               q_start, first, tiles, q_len, kv_len, done):  # fmt: skip
         wg = T.get_thread_binding() // WARPGROUP
         if wg == 1:
             give(wg)
-        T.barrier_wait(k_full[0], 0)
+        slot, lap = done % stages, (done // stages) & 1
+        T.barrier_wait(k_full[slot], lap)
         mask(scores, q_start, first * bn, q_len, kv_len)
         take(wg)
-        T.wgmma_gemm(q_tile, k_tiles[0, :, :], scores, transpose_B=True, policy=full_row)
+        T.wgmma_gemm(q_tile, k_tiles[slot, :, :], scores, transpose_B=True, policy=full_row)
         give(wg)
         T.wait_wgmma(0)
-        T.barrier_arrive(k_free[0])
+        T.barrier_arrive(k_free[slot])
         softmax(scores, row_max, prev_max, scaled_max, rescale, tile_sum, row_sum)
         T.copy(scores, probs)
         for t in T.serial(1, tiles):
-            slot, lap = t % stages, (t // stages) & 1
-            done, done_lap = (t - 1) % stages, ((t - 1) // stages) & 1
+            slot, lap = (done + t) % stages, ((done + t) // stages) & 1
+            prev, prev_lap = (done + t - 1) % stages, ((done + t - 1) // stages) & 1
             T.barrier_wait(k_full[slot], lap)
             mask(scores, q_start, (first + t) * bn, q_len, kv_len)
             take(wg)
             T.wgmma_gemm(q_tile, k_tiles[slot, :, :], scores, transpose_B=True, policy=full_row)
-            T.barrier_wait(v_full[done], done_lap)
-            T.wgmma_gemm(probs, v_tiles[done, :, :], acc, policy=full_row)
+            T.barrier_wait(v_full[prev], prev_lap)
+            T.wgmma_gemm(probs, v_tiles[prev, :, :], acc, policy=full_row)
             give(wg)
             T.wait_wgmma(1)  # Q K^T, the older; P V may still run
             T.barrier_arrive(k_free[slot])
             softmax(scores, row_max, prev_max, scaled_max, rescale, tile_sum, row_sum)
             T.wait_wgmma(0)
-            T.barrier_arrive(v_free[done])
+            T.barrier_arrive(v_free[prev])
             for i, j in T.Parallel(plan.block_m, call.head_dim):
                 acc[i, j] *= rescale[i]
             T.copy(scores, probs)
-        last, last_lap = (tiles - 1) % stages, ((tiles - 1) // stages) & 1
+        last = done + tiles - 1
+        last, last_lap = last % stages, (last // stages) & 1
         T.barrier_wait(v_full[last], last_lap)
         take(wg)
         T.wgmma_gemm(probs, v_tiles[last, :, :], acc, policy=full_row)
@@ -180,8 +183,9 @@ def ws_block(call: AttentionCall, plan: FwdPlan) -> Any:
         T.tma_copy(Q[b, head, q_start : q_start + bm, :], q_tile, barrier=q_ready)
         T.barrier_arrive(q_ready)
         if tx >= CONSUMERS:
+            T.set_max_nreg(PRODUCER_REGISTERS, 0)
             load(K, V, k_tiles, v_tiles, k_full, v_full, k_free, v_free, b, kv_head, first,
-                 end - first)  # fmt: skip
+                 end - first, 0)  # fmt: skip
         else:
             T.set_max_nreg(CONSUMER_REGISTERS, 1)
             T.fill(acc, 0)
@@ -191,7 +195,7 @@ def ws_block(call: AttentionCall, plan: FwdPlan) -> Any:
             if end - first > 0:
                 attend(q_tile, k_tiles, v_tiles, k_full, v_full, k_free, v_free, scores,
                        probs, acc, row_max, prev_max, scaled_max, rescale, tile_sum, row_sum,
-                       q_start, first, end - first, q_len, kv_len)  # fmt: skip
+                       q_start, first, end - first, q_len, kv_len, 0)  # fmt: skip
             finish(acc, row_max, row_sum, lse)
             store(acc, q_tile, lse, Out, Lse, b, head, q_start, q_len)
 
@@ -225,3 +229,94 @@ def fwd_ws_program(call: AttentionCall, plan: FwdPlan) -> Any:
 
     shapes = fwd_shapes(call, batch, q_len, kv_len)
     return tiles.prim_func(main, DTYPE_NAMES[call.dtype], {"Lse": "float32"}, **shapes)
+
+
+def work_item(call: AttentionCall, blocks, batch, item) -> tuple:
+    """(query block, head, sequence) of a persistent block's `item`: heads fastest (a group's
+    heads read the same K and V close in time), query blocks slowest, the last first on a
+    causal call (the items with the most keys come first, the light ones fill the end)."""
+    heads = call.heads
+    q_block = item // (heads * batch)
+    if call.causal:
+        q_block = blocks - 1 - q_block
+    return q_block, item % heads, item // heads % batch
+
+
+def fwd_persistent_program(call: AttentionCall, plan: FwdPlan) -> Any:
+    """The overlapped forward as `plan.workers` persistent blocks, each walking the items
+    (query block, head, sequence) `workers` apart. The producer loads an item's Q once the
+    consumers are done with the previous one's, then its key tiles through the same ring, so
+    the next item's loads overlap the current one's last tiles and its output's store; the
+    output is staged in a tile of its own."""
+    import tilelang.language as T
+
+    from .._common import tiles
+
+    dtype, dim = DTYPE_NAMES[call.dtype], call.head_dim
+    group, workers = call.heads // call.kv_heads, plan.workers
+    bm, bn, stages = plan.block_m, plan.block_n, plan.stages
+    batch, q_len, kv_len = T.dynamic("batch"), T.dynamic("q_len"), T.dynamic("kv_len")
+    blocks = T.ceildiv(q_len, bm)
+    finish = finish_rows(bm, dim, call.scale)
+    store = store_rows(bm)
+    load, attend = produce(bn, stages), consume(call, plan)
+    neg_inf = -T.infinity("float32")
+
+    def main(Q, K, V, Out, Lse):
+        with T.Kernel(workers, threads=CONSUMERS + PRODUCER) as worker:
+            q_tile = T.alloc_shared((bm, dim), dtype)
+            o_tile = T.alloc_shared((bm, dim), dtype)
+            k_tiles = T.alloc_shared((stages, bn, dim), dtype)
+            v_tiles = T.alloc_shared((stages, bn, dim), dtype)
+            scores = T.alloc_fragment((bm, bn), "float32")
+            probs = T.alloc_fragment((bm, bn), dtype)
+            acc = T.alloc_fragment((bm, dim), "float32")
+            row_max = T.alloc_fragment((bm,), "float32")
+            prev_max = T.alloc_fragment((bm,), "float32")
+            scaled_max = T.alloc_fragment((bm,), "float32")
+            rescale = T.alloc_fragment((bm,), "float32")
+            tile_sum = T.alloc_fragment((bm,), "float32")
+            row_sum = T.alloc_fragment((bm,), "float32")
+            lse = T.alloc_fragment((bm,), "float32")
+            q_full = T.alloc_barrier(arrive_count=PRODUCER)
+            q_free = T.alloc_barrier(arrive_count=CONSUMERS)
+            k_full = T.alloc_barrier(arrive_count=[PRODUCER] * stages)
+            v_full = T.alloc_barrier(arrive_count=[PRODUCER] * stages)
+            k_free = T.alloc_barrier(arrive_count=[CONSUMERS] * stages)
+            v_free = T.alloc_barrier(arrive_count=[CONSUMERS] * stages)
+            done = T.alloc_var("int32", init=0)  # key tiles this block walked before
+            items = T.ceildiv(blocks * call.heads * batch - worker, workers)
+            if T.get_thread_binding() >= CONSUMERS:
+                T.set_max_nreg(PRODUCER_REGISTERS, 0)
+                for i in T.serial(items):
+                    q_block, head, b = work_item(call, blocks, batch, worker + i * workers)
+                    q_start = q_block * bm
+                    first, end = key_tiles(call, plan, q_start, q_len, kv_len)
+                    T.barrier_wait(q_free, (i & 1) ^ 1)
+                    T.tma_copy(Q[b, head, q_start : q_start + bm, :], q_tile, barrier=q_full)
+                    T.barrier_arrive(q_full)
+                    load(K, V, k_tiles, v_tiles, k_full, v_full, k_free, v_free, b,
+                         head // group, first, end - first, done)  # fmt: skip
+                    done = done + end - first
+            else:
+                T.set_max_nreg(CONSUMER_REGISTERS, 1)
+                for i in T.serial(items):
+                    q_block, head, b = work_item(call, blocks, batch, worker + i * workers)
+                    q_start = q_block * bm
+                    first, end = key_tiles(call, plan, q_start, q_len, kv_len)
+                    T.fill(acc, 0)
+                    T.fill(row_sum, 0)
+                    T.fill(row_max, neg_inf)
+                    T.barrier_wait(q_full, i & 1)
+                    if end - first > 0:
+                        attend(q_tile, k_tiles, v_tiles, k_full, v_full, k_free, v_free,
+                               scores, probs, acc, row_max, prev_max, scaled_max, rescale,
+                               tile_sum, row_sum, q_start, first, end - first, q_len, kv_len,
+                               done)  # fmt: skip
+                    T.barrier_arrive(q_free)
+                    finish(acc, row_max, row_sum, lse)
+                    store(acc, o_tile, lse, Out, Lse, b, head, q_start, q_len)
+                    done = done + end - first
+
+    shapes = fwd_shapes(call, batch, q_len, kv_len)
+    return tiles.prim_func(main, dtype, {"Lse": "float32"}, **shapes)

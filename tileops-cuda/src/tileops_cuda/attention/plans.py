@@ -36,6 +36,7 @@ class FwdPlan:
     overlap: bool = False  # fwd_ws_program: warp-specialized, softmax beside the MMAs (sm_90a)
     pingpong: bool = False  # with overlap: the consumer warpgroups issue their MMAs in turns
     heavy_first: bool = False  # with overlap, causal: the blocks with the most keys launch first
+    workers: int = 0  # with overlap, > 0: that many persistent blocks walk the query blocks
 
 
 @dataclass(frozen=True)
