@@ -13,8 +13,7 @@ Times are the best of `--rounds` medians of `triton.testing.do_bench` (L2 cleare
 repetition), the contenders interleaved round by round. A forced SDPA backend or a pinned key is
 set around a contender's whole timing, never per call ("SDPA as called" is the plain call).
 Every output is checked against cuDNN's (or flash's) before it is timed; a key that refuses a
-call is listed with its reason. The TileLang backward, which no op selects before a GPU has
-checked it, is timed beside the registered keys, built directly.
+call is listed with its reason.
 
     python benchmarks/suites/attention_h200.py [--part prefill|decode|all] [--quick] [--out DIR]
 
@@ -34,7 +33,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for
 
 import torch
 import torch.nn.functional as F
-from _harness.builds import built
 from _harness.copies import copy_gbps
 from _harness.provenance import result_path, results_dir, run_stamp
 from _harness.timing import Forced, bench_all, call_once
@@ -152,27 +150,7 @@ def training_contenders(q, k, v, causal: bool, notes: dict) -> Timed:
         candidates[f"tileops backward {key}"] = pinned_call(
             AttentionBwdOp, "attention_bwd", key, pair
         )
-    tilelang = unregistered_backward(backward.call_for(q, k, v))
-    if tilelang is not None:
-
-        def tilelang_pair() -> torch.Tensor:
-            with torch.no_grad():
-                out, lse = op(q, k, v)
-                return tilelang.forward(grad, q, k, v, out, lse)[0]
-
-        candidates["tileops backward tilelang_flash_bwd (not registered)"] = tilelang_pair
     return {n: f for n, f in candidates.items() if served(n, f, check, notes)}
-
-
-def unregistered_backward(call: Any) -> Any:
-    """TileLangFlashBwd built directly (no op selects it before a GPU has checked it), or None
-    where it refuses the call."""
-    from tileops_cuda.attention.kernels import TileLangFlashBwd
-
-    try:
-        return built(TileLangFlashBwd, call)
-    except ValueError:  # a refusal
-        return None
 
 
 def prefill(seq: int, causal: bool, rounds: int, tokens: int) -> list[dict]:

@@ -213,8 +213,8 @@ def test_each_sm_90_forward_variant_matches_the_float64_reference(shape, changes
 @pytest.mark.parametrize("given", [True, False], ids=["out and lse given", "forward again"])
 @pytest.mark.parametrize("shape", TILELANG_FORWARD, ids=str)
 def test_the_tilelang_backward_matches_the_float64_reference(shape, given):
-    """TileLangFlashBwd, built and called directly (no op selects it before this passes):
-    from the forward's out and lse, and without them (it runs the forward again)."""
+    """TileLangFlashBwd, built and called directly (the op prefers torch's kernels where they
+    serve): from the forward's out and lse, and without them (it runs the forward again)."""
     from tileops_cuda.attention.kernels import TileLangFlashBwd
 
     *dims, causal, window = shape

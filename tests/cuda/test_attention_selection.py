@@ -131,7 +131,10 @@ BACKWARD_CHOICES = [
     (attention_call(dim=256), 90, "sdpa_flash"),
     (attention_call(dim=208), 86, "sdpa_efficient"),  # flash's backward lacks (192, 224] there
     (attention_call(dim=208), 90, "sdpa_flash"),
-    (attention_call(window=128), 90, "reference"),
+    (attention_call(window=128), 90, "tilelang_flash_bwd"),  # torch's kernels take no window
+    (attention_call(window=128), 80, "tilelang_flash_bwd"),
+    (attention_call(window=128, dtype=torch.float32), 90, "reference"),
+    (attention_call(q_len=9, kv_len=7), 90, "tilelang_flash_bwd"),  # rows without keys
 ]
 
 
@@ -192,6 +195,7 @@ def test_the_vendor_kernels_are_registered_on_both_ops():
         "sdpa_cudnn",
         "sdpa_flash",
         "sdpa_efficient",
+        "tilelang_flash_bwd",
     }
 
 

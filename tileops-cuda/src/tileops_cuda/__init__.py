@@ -88,6 +88,7 @@ KERNELS = {
         "sdpa_cudnn": attention_kernels.SdpaCudnnBackward,
         "sdpa_flash": attention_kernels.SdpaFlashBackward,
         "sdpa_efficient": attention_kernels.SdpaEfficientBackward,
+        "tilelang_flash_bwd": attention_kernels.TileLangFlashBwd,
     },
     AttentionDecodeOp: {
         "tilelang_flash_decode": attention_kernels.TileLangCacheDecode,

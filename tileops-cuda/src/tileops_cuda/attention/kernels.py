@@ -219,13 +219,13 @@ class SdpaCudnnBackward(_Cudnn, _SdpaBackward):
     """cuDNN's backward, from the forward's out and lse where given (whichever kernel served
     the forward: the interface fixes what they hold), else after its own forward."""
 
-    preferred_over = frozenset({"sdpa_flash", "sdpa_efficient"})
+    preferred_over = frozenset({"sdpa_flash", "sdpa_efficient", "tilelang_flash_bwd"})
 
 
 class SdpaFlashBackward(_Flash, _SdpaBackward):
     """FlashAttention 2's backward, after its forward recomputed for the state it takes."""
 
-    preferred_over = frozenset({"sdpa_efficient"})
+    preferred_over = frozenset({"sdpa_efficient", "tilelang_flash_bwd"})
 
     @classmethod
     def backend_refusal(cls, call: AttentionCall) -> str | None:
@@ -275,10 +275,13 @@ class TileLangFlashFwdSm90(FlashForward, AttentionInterface):
 
 class TileLangFlashBwd(FlashBackward, AttentionBwdInterface):
     """FlashAttention 2's backward on sm_80 .. sm_90 (mma.sync fed by cp.async), from the
-    forward's out and lse. Not registered yet: no GPU has run it (TUNING.md#bwd-tiles)."""
+    forward's out and lse: sliding windows and the calls torch's kernels refuse; slower than
+    cuDNN's and FlashAttention's backward, faster than the memory-efficient one
+    (TUNING.md#bwd-tiles)."""
 
     supported_archs = AMPERE_AND_LATER
     deterministic = False  # dQ summed by float32 atomics, in no fixed order
+    preferred_over = frozenset({"sdpa_efficient"})
 
     def forward(self, grad_out, q, k, v, out, lse) -> tuple:
         if out is None or lse is None:  # out modified in place since: the forward once more
