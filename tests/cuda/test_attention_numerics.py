@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from test_attention_compile import sm_90_variant
 
+import tileops
 import tileops_cuda
 from tileops import AttentionBwdOp, AttentionDecodeOp, AttentionFwdOp, pinned
 from tileops.ops.attention._math import attend, attend_grads
@@ -231,6 +232,26 @@ def test_the_tilelang_backward_matches_the_float64_reference(shape, given):
     floor = 1e-3 * float(wanted[2].norm())
     for got, want, like in zip(grads, wanted, (q, k, v), strict=True):
         assert got.shape == like.shape and got.dtype == like.dtype
+        assert rel_err(got, want, floor) < 2 * TOLERANCE[BF16]
+
+
+@pytest.mark.parametrize("shape", TILELANG_FORWARD[4:], ids=str)
+def test_windowed_attention_trains_through_the_tilelang_backward(shape):
+    """A sliding window, which torch's kernels refuse: autograd through AttentionFwdOp runs
+    the TileLang forward and backward the ops select, against float64 gradients."""
+    *dims, causal, window = shape
+    q, k, v = (t.requires_grad_() for t in inputs(*dims, BF16))
+    grad_out = torch.randn_like(q)
+    with tileops.record() as record:
+        out, _ = AttentionFwdOp(causal, None, window)(q, k, v)
+        out.backward(grad_out)
+    served = {(s.interface, s.key) for s in record.counts}
+    assert {("attention", forward_key()), ("attention_bwd", "tilelang_flash_bwd")} <= served
+    scale = 1 / math.sqrt(q.shape[-1])
+    as64 = (t.detach().double() for t in (grad_out, q, k, v))
+    wanted = attend_grads(*as64, scale=scale, causal=causal, window=window)
+    floor = 1e-3 * float(wanted[2].norm())  # as in the test above: dQ, dK zero at window 1
+    for got, want in zip((q.grad, k.grad, v.grad), wanted, strict=True):
         assert rel_err(got, want, floor) < 2 * TOLERANCE[BF16]
 
 
