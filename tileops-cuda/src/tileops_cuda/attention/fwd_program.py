@@ -139,6 +139,19 @@ def store_rows(rows: int) -> Any:
     return store
 
 
+def softmax_state(bm: int, bn: int, dim: int, dtype: str) -> tuple:
+    """A block's fragments (allocated where called, inside its kernel): the scores and their
+    probabilities, the output accumulator, the online softmax's rows (`online_softmax`:
+    max, previous max, scaled max, rescale, tile sum, sum) and the log-sum-exps."""
+    import tilelang.language as T
+
+    rows = [T.alloc_fragment((bm,), "float32") for _ in range(7)]
+    scores = T.alloc_fragment((bm, bn), "float32")
+    probs = T.alloc_fragment((bm, bn), dtype)
+    acc = T.alloc_fragment((bm, dim), "float32")
+    return scores, probs, acc, tuple(rows)
+
+
 def fwd_shapes(call: AttentionCall, batch, q_len, kv_len) -> dict:
     """The forward's tensors, (batch, heads, length, dim) and the (batch, heads, q_len) lse."""
     dim = call.head_dim
@@ -174,16 +187,8 @@ def fwd_program(call: AttentionCall, plan: FwdPlan) -> Any:
             k_tile = T.alloc_shared((bn, dim), dtype)
             v_tile = T.alloc_shared((bn, dim), dtype)
             o_tile = T.alloc_shared((bm, dim), dtype)
-            scores = T.alloc_fragment((bm, bn), "float32")
-            probs = T.alloc_fragment((bm, bn), dtype)
-            acc = T.alloc_fragment((bm, dim), "float32")
-            row_max = T.alloc_fragment((bm,), "float32")
-            prev_max = T.alloc_fragment((bm,), "float32")
-            scaled_max = T.alloc_fragment((bm,), "float32")
-            rescale = T.alloc_fragment((bm,), "float32")
-            tile_sum = T.alloc_fragment((bm,), "float32")
-            row_sum = T.alloc_fragment((bm,), "float32")
-            lse = T.alloc_fragment((bm,), "float32")
+            scores, probs, acc, rows = softmax_state(bm, bn, dim, dtype)
+            row_max, prev_max, scaled_max, rescale, tile_sum, row_sum, lse = rows
             kv_head = head // group
             q_start = bx * bm
             T.copy(Q[b, head, q_start : q_start + bm, :], q_tile)

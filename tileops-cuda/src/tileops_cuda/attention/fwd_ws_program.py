@@ -20,6 +20,7 @@ from .fwd_program import (
     key_tiles,
     mask_scores,
     online_softmax,
+    softmax_state,
     store_rows,
 )
 from .plans import FwdPlan
@@ -161,16 +162,8 @@ def ws_block(call: AttentionCall, plan: FwdPlan) -> Any:
         q_tile = T.alloc_shared((bm, dim), dtype)  # the output's staging at the end
         k_tiles = T.alloc_shared((stages, bn, dim), dtype)
         v_tiles = T.alloc_shared((stages, bn, dim), dtype)
-        scores = T.alloc_fragment((bm, bn), "float32")
-        probs = T.alloc_fragment((bm, bn), dtype)
-        acc = T.alloc_fragment((bm, dim), "float32")
-        row_max = T.alloc_fragment((bm,), "float32")
-        prev_max = T.alloc_fragment((bm,), "float32")
-        scaled_max = T.alloc_fragment((bm,), "float32")
-        rescale = T.alloc_fragment((bm,), "float32")
-        tile_sum = T.alloc_fragment((bm,), "float32")
-        row_sum = T.alloc_fragment((bm,), "float32")
-        lse = T.alloc_fragment((bm,), "float32")
+        scores, probs, acc, rows = softmax_state(bm, bn, dim, dtype)
+        row_max, prev_max, scaled_max, rescale, tile_sum, row_sum, lse = rows
         q_ready = T.alloc_barrier(arrive_count=CONSUMERS + PRODUCER)
         k_full = T.alloc_barrier(arrive_count=[PRODUCER] * stages)
         v_full = T.alloc_barrier(arrive_count=[PRODUCER] * stages)
@@ -268,16 +261,8 @@ def fwd_persistent_program(call: AttentionCall, plan: FwdPlan) -> Any:
             o_tile = T.alloc_shared((bm, dim), dtype)
             k_tiles = T.alloc_shared((stages, bn, dim), dtype)
             v_tiles = T.alloc_shared((stages, bn, dim), dtype)
-            scores = T.alloc_fragment((bm, bn), "float32")
-            probs = T.alloc_fragment((bm, bn), dtype)
-            acc = T.alloc_fragment((bm, dim), "float32")
-            row_max = T.alloc_fragment((bm,), "float32")
-            prev_max = T.alloc_fragment((bm,), "float32")
-            scaled_max = T.alloc_fragment((bm,), "float32")
-            rescale = T.alloc_fragment((bm,), "float32")
-            tile_sum = T.alloc_fragment((bm,), "float32")
-            row_sum = T.alloc_fragment((bm,), "float32")
-            lse = T.alloc_fragment((bm,), "float32")
+            scores, probs, acc, rows = softmax_state(bm, bn, dim, dtype)
+            row_max, prev_max, scaled_max, rescale, tile_sum, row_sum, lse = rows
             q_full = T.alloc_barrier(arrive_count=PRODUCER)
             q_free = T.alloc_barrier(arrive_count=CONSUMERS)
             k_full = T.alloc_barrier(arrive_count=[PRODUCER] * stages)
