@@ -152,3 +152,21 @@ def test_calls_leaving_out_different_inputs_keep_verdicts_and_lanes_of_their_own
         torch.testing.assert_close(op(x, t, None), torch.layer_norm(x, (8,), t, None))
         torch.testing.assert_close(op(x, None, t), torch.layer_norm(x, (8,), None, t))
         torch.testing.assert_close(op(x), torch.layer_norm(x, (8,)))
+
+
+def test_inputs_left_out_beside_contiguity_keyed_ones_keep_keys_of_their_own():
+    """BatchNorm keys x's and the running stats' contiguity (written in place); its affine
+    params left out or given, and x's strides, make layouts of their own, each key made
+    without falling back to the per-input form."""
+    from tileops.ops import BatchNormFwdOp
+
+    signature = BatchNormFwdOp(8, training=True).signature
+    x, stats, w = torch.randn(4, 8, 3, 3), (torch.zeros(8), torch.ones(8)), torch.ones(8)
+    strided = x.transpose(2, 3)
+    calls = [(x, None, None, *stats), (x, w, None, *stats), (x, None, w, *stats)]
+    calls.append((strided, None, None, *stats))
+    keys = [signature._layout_key(call) for call in calls]
+    assert len(set(keys)) == 4
+    for call, key in zip(calls, keys, strict=True):  # the facts of those given, then which
+        given = sum(v is not None for v in call)
+        assert key[given : given + len(call)] == tuple(v is not None for v in call)

@@ -223,12 +223,12 @@ class Signature:
         or its shape, dtype, device, layout and requires_grad, read in C by one attrgetter; for
         an input written in place or whose strides select the kernel, also whether it is
         contiguous."""
-        try:
-            if not self._keyed_at:  # inputs left out (None) are skipped, and said where
-                return (*map(_facts, filter(_given, values)), *map(_given, values))
-            keyed = map(values.__getitem__, self._keyed_at)
-            return (*map(_facts, values), *map(_is_contiguous, keyed))
-        except AttributeError:  # not a tensor, or an input left out beside keyed ones
+        try:  # inputs left out (None) are skipped, and said where
+            facts = (*map(_facts, filter(_given, values)), *map(_given, values))
+            if not self._keyed_at:
+                return facts
+            return (*facts, *map(_is_contiguous, map(values.__getitem__, self._keyed_at)))
+        except AttributeError:  # not a tensor, or a keyed input left out
             pass
         return tuple(
             None if v is None else (*_facts(v), v.is_contiguous()) if keyed else _facts(v)
