@@ -179,6 +179,20 @@ def test_a_growing_cache_keeps_one_decode_call_spec():
     assert_matches(op(q, k, v)[0], F.scaled_dot_product_attention(q, k, v, enable_gqa=True))
 
 
+def test_the_call_spec_of_a_bucket_is_built_once_and_the_specs_kept_are_bounded():
+    """A decode step's new key length mostly falls in its bucket: its spec is the one built
+    for the bucket (the same object, no fields read again); specs of other q shapes or kv
+    heads are their own, and the op keeps at most 256."""
+    op = AttentionFwdOp(causal=True)
+    first = op.call_for(*qkv(1, 4, 2, 1, 100, 8))
+    assert op.call_for(*qkv(1, 4, 2, 1, 128, 8)) is first
+    assert op.call_for(*qkv(2, 4, 2, 1, 100, 8)) is not first
+    assert op.call_for(*qkv(1, 4, 1, 1, 100, 8)).kv_heads == 1
+    for n in range(300):
+        op.call_for(*qkv(1, 4, 2, 2, n + 1, 8))
+    assert len(op._specs) <= 256
+
+
 def test_a_layouts_later_calls_run_its_kernel_without_forward(monkeypatch):
     """From a layout's second call (a model's next layer, a decode step's), the op runs the
     kernel that served it without `forward`; other strides of that layout are made contiguous

@@ -129,6 +129,8 @@ def test_a_growing_cache_keeps_one_decode_call_spec():
     blocks = paged(*cache(), 8)[:2]
     tables = (torch.zeros(3, n, dtype=torch.int32) for n in (5, 7, 8))
     assert {op._spec(q, *blocks, table)[1].max_blocks for table in tables} == {8}
+    specs = [op._spec(q, *cache(capacity=n), None)[1] for n in (33, 40, 64)]
+    assert all(spec is specs[0] for spec in specs)  # built once for the bucket
     k_cache, v_cache = cache()
     lens = torch.tensor([40, 33, 1])
     out, _ = op(q, k_cache, v_cache, lens)

@@ -477,6 +477,10 @@ class _Pattern:
     tail: tuple[Dim, ...]
     batch: bool
     origins: tuple[str | None, ...] = ()
+    dims: tuple[Dim, ...] = field(init=False, repr=False, compare=False)  # head + tail
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dims", self.head + self.tail)
 
     @classmethod
     def expand(cls, shape: tuple[Dim, ...], params: Mapping[str, Any]) -> _Pattern:
@@ -496,15 +500,16 @@ class _Pattern:
         return cls(tuple(dims[:at]), tuple(dims[at + 1 :]), True, tuple(origins))
 
     def match(self, shape: tuple[int, ...], sizes: dict[str, int]) -> bool:
-        """Whether `shape` fits, binding the names not bound yet (hot on a verdict miss)."""
-        head, tail = self.head, self.tail
-        fixed = len(head) + len(tail)
-        if len(shape) != fixed and not (self.batch and len(shape) > fixed):
-            return False
-        dims = shape[: len(head)] + shape[len(shape) - len(tail) :]
-        for dim, size in zip(head + tail, dims, strict=True):
-            expected = dim if isinstance(dim, int) else sizes.setdefault(dim, size)
-            if size != expected:
+        """Whether `shape` fits, binding the names not bound yet (hot on a verdict miss: a
+        decode step's new key length)."""
+        dims = self.dims
+        if len(shape) != len(dims):
+            if not (self.batch and len(shape) > len(dims)):
+                return False
+            shape = shape[: len(self.head)] + shape[len(shape) - len(self.tail) :]
+        bind = sizes.setdefault
+        for dim, size in zip(dims, shape, strict=True):
+            if size != (dim if isinstance(dim, int) else bind(dim, size)):
                 return False
         return True
 

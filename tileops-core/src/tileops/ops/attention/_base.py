@@ -5,6 +5,7 @@ kernel keeps, and their behaviour under autocast (that of `F.scaled_dot_product_
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -93,6 +94,18 @@ class AttentionParams:
             "dtype": q.dtype,
             "window": self.window,
         }
+
+    def remembered(self, key: tuple, make: Callable[[], Any]) -> Any:
+        """The call spec `make` builds, remembered under `key` (the facts it follows from, a
+        cache's length as bucketed): a decode step's new key length mostly repeats its
+        bucket's. Bounded, as prefill calls come at ever-new lengths."""
+        specs = self.__dict__.setdefault("_specs", {})
+        spec = specs.get(key)
+        if spec is None:
+            if len(specs) >= 256:
+                specs.clear()
+            spec = specs[key] = make()
+        return spec
 
     def causal_for(self, q_len: int) -> bool:
         """Whether the causal mask changes anything: not for one query row (the last position

@@ -243,17 +243,24 @@ class AttentionDecodeOp(AttentionParams, Op):
         self, q: Tensor, k_cache: Tensor, v_cache: Tensor, table: Tensor | None
     ) -> tuple[str, CallSpec] | None:
         """(interface, call spec) of a call; None where the cache holds no slot."""
-        fields = self.call_fields(q, v_cache)
+        facts = (q.shape, v_cache.shape[1], v_cache.shape[-1], q.dtype, q.device)
         if table is None:
             if k_cache.shape[2] == 0:
                 return None
             capacity = decode_bucket(k_cache.shape[2])
-            return "attention_decode", AttentionDecodeCall(**fields, capacity=capacity)
+            return "attention_decode", self.remembered(
+                (*facts, capacity),
+                lambda: AttentionDecodeCall(**self.call_fields(q, v_cache), capacity=capacity),
+            )
         if k_cache.shape[2] * table.shape[1] == 0:
             return None
-        paged = AttentionPagedDecodeCall(
-            **fields, num_blocks=k_cache.shape[0], block_size=k_cache.shape[2],
-            max_blocks=decode_bucket(table.shape[1]),
+        blocks, size, max_blocks = k_cache.shape[0], k_cache.shape[2], decode_bucket(table.shape[1])
+        paged = self.remembered(
+            (*facts, blocks, size, max_blocks),
+            lambda: AttentionPagedDecodeCall(
+                **self.call_fields(q, v_cache), num_blocks=blocks, block_size=size,
+                max_blocks=max_blocks,
+            ),
         )  # fmt: skip
         return "attention_paged_decode", paged
 
