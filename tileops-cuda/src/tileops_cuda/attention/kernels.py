@@ -36,6 +36,7 @@ FlashAttention at every decode shape measured, and cuDNN plans anew for every ke
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Hashable
 from typing import Any, ClassVar
 
@@ -286,8 +287,13 @@ class TileLangFlashBwd(FlashBackward, AttentionBwdInterface):
     def forward(self, grad_out, q, k, v, out, lse) -> tuple:
         if out is None or lse is None:  # out modified in place since: the forward once more
             with torch.no_grad():
-                out, lse = AttentionFwdOp(*self.mask)(q, k, v)
+                out, lse = self.forward_op(q, k, v)
         return self.backward(grad_out, q, k, v, out, lse)
+
+    @functools.cached_property
+    def forward_op(self) -> AttentionFwdOp:
+        """The op recomputing out and lse, built once per kernel (an op is not free to build)."""
+        return AttentionFwdOp(*self.mask)
 
 
 class TileLangFlashDecode(SplitDecode, AttentionInterface):

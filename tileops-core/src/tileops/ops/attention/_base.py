@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import BackendError, OpConfigError, OpInputError, add_note
+from ...table import remember
 from .._common import _as_int, _is_real, bool_param
 from .._common import describe as _describe
 from .._common import dtype_name as _name
@@ -71,6 +72,7 @@ class AttentionParams:
         self.causal = bool_param(op, "causal", causal)
         self.scale = scale_param(op, scale)
         self.window = window_param(op, window, self.causal)
+        self._specs: dict[tuple, Any] = {}
         super().__init__(target=target)
 
     def scale_for(self, head_dim: int) -> float:
@@ -99,12 +101,10 @@ class AttentionParams:
         """The call spec `make` builds, remembered under `key` (the facts it follows from, a
         cache's length as bucketed): a decode step's new key length mostly repeats its
         bucket's. Bounded, as prefill calls come at ever-new lengths."""
-        specs = self.__dict__.setdefault("_specs", {})
-        spec = specs.get(key)
+        spec = self._specs.get(key)
         if spec is None:
-            if len(specs) >= 256:
-                specs.clear()
-            spec = specs[key] = make()
+            spec = make()
+            remember(self._specs, key, spec, 256)
         return spec
 
     def causal_for(self, q_len: int) -> bool:
