@@ -34,9 +34,10 @@ def git_commit() -> str:
 
 def run_stamp(commit: str | None = None, **versions: Any) -> dict[str, Any]:
     """What a result file is stamped with: the GPU, today's date, the commit (`commit`, else
-    git_commit()), torch's version and `versions` (other packages', run settings)."""
+    git_commit()), torch's version and `versions` (other packages', run settings). A CPU
+    smoke run is stamped with the device "cpu"."""
     return {
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "date": datetime.date.today().isoformat(),
         "commit": commit or git_commit(),
         "torch": torch.__version__,

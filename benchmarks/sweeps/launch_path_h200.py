@@ -1,7 +1,8 @@
 """Where a decode-sized op call spends its host time, step by step down to the launch.
 
-For RMSNorm 1 x 4096, a 1 x 4096 x 4096 GEMM (`tnn.Linear`'s shape at decode) and attention
-decode at batch 1 over 4096 keys (against `F.scaled_dot_product_attention`), bfloat16, it
+For RMSNorm 1 x 4096, a 1 x 4096 x 4096 GEMM (`tnn.Linear`'s shape at decode), attention
+decode at batch 1 over 4096 keys (against `F.scaled_dot_product_attention`), and Llama's
+SwiGLU and rotary at one token (against transformers' code), bfloat16, it
 times per call (median of interleaved loops, synchronised at the end of each, so host-bound
 figures): torch's function, `torch.empty_like`, the TileLang program called directly with its
 output preallocated under each of TileLang's execution backends, the serving kernel entry, the op,
@@ -103,8 +104,52 @@ def decode_case() -> tuple:
     return op, (q, k, v, lens), sdpa, None
 
 
+def fused_cases() -> dict[str, tuple]:
+    """SwiGLU of Llama's MLP (1 x 14336) and rotary of its q and k (GQA 32/8, head_dim 128)
+    at one decode token, against transformers' eager code; the Triton program launched through
+    Triton's own path and through `launching.launch`, outputs preallocated."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from tileops_triton.fused import launch as fused
+    from tileops_triton.fused import programs
+
+    bf16 = {"device": "cuda", "dtype": torch.bfloat16}
+    gate, up = torch.randn(1, 14336, **bf16), torch.randn(1, 14336, **bf16)
+    out = torch.empty_like(gate)
+    grid = (1, 14336 // fused.GLU_BLOCK)
+    glu_pieces = {
+        "Triton's launch, preallocated": lambda: programs.glu_fwd[grid](
+            gate, up, out, 14336, 14336, 14336, ACT=0, BLOCK=fused.GLU_BLOCK, num_warps=4
+        ),
+        "launching.launch, preallocated": lambda: fused.glu("silu", gate, up, out),
+    }
+    q, k = torch.randn(1, 32, 1, 128, **bf16), torch.randn(1, 8, 1, 128, **bf16)
+    cos, sin = torch.randn(1, 1, 128, **bf16), torch.randn(1, 1, 128, **bf16)
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    rotary_pieces = {
+        "launching.launch, preallocated": lambda: fused.rotary(q, k, cos, sin, q_out, k_out),
+    }
+    return {
+        "glu 1x14336": (
+            tileops.GLUFwdOp("silu"),
+            (gate, up),
+            lambda: F.silu(gate) * up,
+            lambda: tileops.nn.glu(gate, up),
+            glu_pieces,
+        ),
+        "rotary 1x32/8x128": (
+            tileops.RotaryFwdOp(1),
+            (q, k, cos, sin),
+            lambda: apply_rotary_pos_emb(q, k, cos, sin),
+            lambda: tileops.nn.apply_rotary_pos_emb(q, k, cos, sin),
+            rotary_pieces,
+        ),
+    }
+
+
 def cases() -> dict[str, tuple]:
-    """(op, inputs, torch function, tileops.nn module call or None) at decode shapes."""
+    """(op, inputs, torch function, tileops.nn module call or None[, pieces]) at decode
+    shapes."""
     x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
     norm = tileops.nn.RMSNorm(4096, eps=1e-6).to("cuda", torch.bfloat16)
@@ -124,13 +169,18 @@ def cases() -> dict[str, tuple]:
             lambda: linear(x),
         ),
         "attention decode 1x4096": decode_case(),
+        **fused_cases(),
     }
 
 
 def measure(name: str, case: tuple, number: int, repeats: int) -> list[str]:
     """One case's per-call figures and profiles, as report lines."""
-    op, inputs, torch_fn, module_call = case
-    if isinstance(op, tileops.AttentionDecodeOp):
+    op, inputs, torch_fn, module_call, *given = case
+    if given:  # the pieces given, and the op's own kernel entry
+        op(*inputs)
+        kernel, pieces = next(iter(op._hits.values())), given[0]
+        entry = None
+    elif isinstance(op, tileops.AttentionDecodeOp):
         op(*inputs)
         kernel, kernel_args = next(iter(op._hits.values())), inputs
         pieces = decode_pieces(kernel, inputs)
@@ -147,7 +197,7 @@ def measure(name: str, case: tuple, number: int, repeats: int) -> list[str]:
         "torch function": torch_fn,
         "torch.empty_like": lambda: torch.empty_like(inputs[0]),
         **pieces,
-        f"kernel entry ({type(kernel).__name__})": entry,
+        **({f"kernel entry ({type(kernel).__name__})": entry} if entry else {}),
         "op": op_call,
         **({"tileops.nn module": module_call} if module_call else {}),
     }

@@ -170,3 +170,45 @@ def test_inputs_left_out_beside_contiguity_keyed_ones_keep_keys_of_their_own():
     for call, key in zip(calls, keys, strict=True):  # the facts of those given, then which
         given = sum(v is not None for v in call)
         assert key[given : given + len(call)] == tuple(v is not None for v in call)
+
+
+def test_glu_and_rotary_calls_of_a_seen_layout_run_their_kernel_without_forward(monkeypatch):
+    from tileops.ops import GLUFwdOp, RotaryFwdOp
+    from tileops.ops.fused.glu import glu
+    from tileops.ops.fused.rotary import rotary_pair
+
+    glu_op, rotary_op = GLUFwdOp("silu"), RotaryFwdOp(2)
+    gate, up = torch.randn(3, 2, 16), torch.randn(3, 2, 16)
+    q, k, cos, sin = (torch.randn(s) for s in ((1, 5, 4, 8), (1, 5, 2, 8), (1, 5, 6), (1, 5, 6)))
+    for _ in range(2):
+        glu_op(gate, up), rotary_op(q, k, cos, sin)
+    glu_calls = _refusing_forward(monkeypatch, GLUFwdOp)
+    rotary_calls = _refusing_forward(monkeypatch, RotaryFwdOp)
+    packed = torch.randn(3, 2, 32)  # the same layout's facts: strides are not among them
+    torch.testing.assert_close(glu_op(packed[..., :16], packed[..., 16:]),
+                               glu("silu", packed[..., :16], packed[..., 16:]))  # fmt: skip
+    q = torch.randn(1, 5, 4, 8)
+    for got, want in zip(rotary_op(q, k, cos, sin), rotary_pair(q, k, cos, sin, 2), strict=True):
+        torch.testing.assert_close(got, want)
+    assert glu_calls == [] and rotary_calls == []
+
+
+def test_a_layout_check_runs_once_per_layout_and_on_every_refused_call(monkeypatch):
+    from tileops.errors import OpInputError
+    from tileops.ops import RotaryFwdOp
+
+    checks, check = [], RotaryFwdOp.check
+    monkeypatch.setattr(
+        RotaryFwdOp, "check", lambda self, call: checks.append(1) or check(self, call)
+    )
+    op = RotaryFwdOp()
+    q, k, cos = torch.randn(1, 4, 5, 8), torch.randn(1, 2, 5, 8), torch.randn(1, 5, 8)
+    for _ in range(3):
+        op(q, k, cos, cos)
+    assert len(checks) == 1
+    for _ in range(2):
+        with pytest.raises(OpInputError, match=r"'cos' has 7 rotary dims, expected an even"):
+            op(q, k, torch.randn(1, 5, 7), torch.randn(1, 5, 7))
+    assert len(checks) == 3
+    op(torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), cos, cos)  # a new layout: checked
+    assert len(checks) == 4

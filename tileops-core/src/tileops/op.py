@@ -47,6 +47,10 @@ class Op:
     signature: Signature | None = None  # None: called straight through to forward
     op_name: ClassVar[str]
     _checks: ClassVar[bool] = False
+    layout_checks: ClassVar[bool] = False
+    """True: `check` reads nothing but what the signature's checks key their verdicts by
+    (shapes, dtypes, devices, which inputs are given, the params): it runs with them, once per
+    input layout, instead of on every call."""
     saves_outputs: ClassVar[bool] = False
     """True: autograd keeps the op's outputs for its backward kernels (softmax's y), which
     then take them as a third argument; False: only the inputs are kept."""
@@ -74,7 +78,8 @@ class Op:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         cls.op_name = f"{cls.__dict__.get('namespace', cls.__module__)}::{cls.__qualname__}"
-        cls._checks = cls.check is not Op.check  # most ops add no checks: skip the call
+        # most ops add no checks, or checks of the layout alone: no call per call
+        cls._checks = cls.check is not Op.check and not cls.layout_checks
         if cls.keeps_state and cls.lane_for is not Op.lane_for:
             raise TypeError(
                 f"{cls.__qualname__}: an op whose kernels keep state defines no lane_for (a lane "
@@ -371,7 +376,8 @@ class Op:
         return self.signature.bind(type(self).op_name, tensors, {}, plan)
 
     def _make_shape_plan(self) -> ShapePlan:
-        self._shape_plan = self.signature.plan(self.params())
+        layout_check = self.check if type(self).layout_checks else None
+        self._shape_plan = self.signature.plan(self.params(), layout_check)
         return self._shape_plan
 
     def check(self, call: BoundCall) -> None:
@@ -446,6 +452,7 @@ def _stated_facts_refused(op: str, interface: str, call: CallSpec) -> CallSpecFi
 
 _DISPATCH_STATE = frozenset(
     {"_table", "_hits", "_settled", "_settle_lock", "_target_kernels", "_target_lock"}
+    | {"_shape_plan"}  # rebuilt on first use, with the op's own check
 )
 
 

@@ -18,7 +18,7 @@ Inputs are dense (strided) tensors: sparse and nested ones are refused by name.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from operator import attrgetter, is_not, methodcaller
@@ -189,12 +189,15 @@ class Signature:
             raise ValueError(f"signature same_dtype names unknown inputs {unknown}")
 
     # -- parsing and checks ------------------------------------------------------------------
-    def plan(self, params: Mapping[str, Any]) -> ShapePlan:
+    def plan(
+        self, params: Mapping[str, Any], check: Callable[[BoundCall], None] | None = None
+    ) -> ShapePlan:
         """The shape patterns with one op instance's params filled in: built once per instance,
-        so each call only compares sizes."""
+        so each call only compares sizes. `check`: the op's own checks of the layout, run
+        with the signature's, once per layout (`Op.layout_checks`)."""
         sizes = {k: v for k, v in params.items() if isinstance(v, int) and not isinstance(v, bool)}
         patterns = tuple(_Pattern.expand(spec.shape, params) for spec in self.inputs)
-        return ShapePlan(sizes, patterns)
+        return ShapePlan(sizes, patterns, check)
 
     def bind(
         self, op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], plan: ShapePlan
@@ -214,9 +217,12 @@ class Signature:
         requires_grad = any(v is not None and v.requires_grad for v in values)
         empty = self._all_written_empty(values, sizes)
         verdict = (device, sizes, empty, requires_grad, [None, None])
+        call = BoundCall(values, *verdict)
+        if plan.check is not None:
+            plan.check(call)
         if key is not None:
             plan.remember(key, verdict)
-        return BoundCall(values, *verdict)
+        return call
 
     def _layout_key(self, values: tuple) -> tuple:
         """What the checks' verdict (and the lanes) depend on (the hot path): per input None,
@@ -457,6 +463,7 @@ class ShapePlan:
 
     sizes: dict[str, int]
     patterns: tuple[_Pattern, ...]
+    check: Callable[[BoundCall], None] | None = None
     verdicts: dict[tuple, tuple] = field(default_factory=dict)
 
     def remember(self, key: tuple, verdict: tuple) -> None:

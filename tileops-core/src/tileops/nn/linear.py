@@ -23,15 +23,15 @@ class Linear(TileModule, nn.Linear):
     `GemmOp(trans_b=True)` call with the bias in its epilogue."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:  # torch.nn.Linear's keyword
-        x = input
-        if x.dim() == 0 or x.shape[-1] != self.in_features:
+        x, shape = input, input.shape
+        if not shape or shape[-1] != self.in_features:
             raise OpInputError(
-                f"tileops.nn.Linear: argument 'input' of shape {list(x.shape)} cannot be "
+                f"tileops.nn.Linear: argument 'input' of shape {list(shape)} cannot be "
                 f"multiplied by weight of shape {list(self.weight.shape)}; its last dim must "
                 f"be in_features={self.in_features}"
             )
-        if x.dim() == 2:  # no view, as F.linear's: FSDP2 drops hooks on in-place ops on views
-            return op_for(GemmOp, x.device, False, True)(x, self.weight, self.bias)
-        rows = x.flatten(0, -2) if x.dim() > 1 else x.unsqueeze(0)  # reshape(-1, 0) is ambiguous
-        y = op_for(GemmOp, x.device, False, True)(rows, self.weight, self.bias)
-        return y.view(*x.shape[:-1], self.out_features)
+        gemm = op_for(GemmOp, x.device, False, True)
+        if len(shape) == 2:  # no view, as F.linear's: FSDP2 drops hooks on in-place ops on views
+            return gemm(x, self.weight, self.bias)
+        rows = x.flatten(0, -2) if len(shape) > 1 else x.unsqueeze(0)  # reshape(-1, k): ambiguous
+        return gemm(rows, self.weight, self.bias).view(*shape[:-1], self.out_features)

@@ -81,6 +81,7 @@ class SoftmaxFwdOp(Op):
     """`torch.softmax(x, dim)` for x of any shape; a 0-d x counts as one element along dim."""
 
     namespace = "tileops"
+    layout_checks = True
     interfaces = {"softmax": SoftmaxInterface, "backward": SoftmaxBackwardInterface}
     kernel_types = {"reference": SoftmaxReference, "reference_backward": SoftmaxRecompute}
     signature = Signature((Input("x", (BATCH,)),), {"dim": "int"}, (Output("out", like="x"),))

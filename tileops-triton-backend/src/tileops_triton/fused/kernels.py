@@ -127,7 +127,7 @@ class TritonGLU(TritonFused, GLUInterface):
         self.act = act
 
     def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+        out = gate.new_empty(gate.shape)  # contiguous, whatever gate's row stride
         launch.glu(self.act, gate, up, out)
         return out
 

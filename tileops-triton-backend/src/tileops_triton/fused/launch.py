@@ -8,6 +8,7 @@ import functools
 import torch
 
 from ..compile import cdiv, next_pow2
+from ..launching import launch
 
 MAX_ROW = 16384
 """The longest add + RMSNorm row held whole by one forward program; longer ones stay with the
@@ -47,7 +48,7 @@ def add_rms_norm(
     rows, n = x.shape
     block = next_pow2(n)
     w = x if weight is None else weight
-    programs.add_rms_norm_fwd[(rows,)](
+    launch(programs.add_rms_norm_fwd, (rows,),
         x, residual, w, out, h, n, eps, BLOCK=block, HAS_W=weight is not None,
         num_warps=_row_warps(block),
     )  # fmt: skip
@@ -74,7 +75,7 @@ def add_rms_norm_backward(
     partial = None
     if weight is not None:
         partial = torch.empty((parts, n), dtype=torch.float32, device=x.device)
-    programs.add_rms_norm_bwd[(parts,)](
+    launch(programs.add_rms_norm_bwd, (parts,),
         x, residual, x if weight is None else weight, dy, dy if dh is None else dh, dx,
         dx if partial is None else partial, rows, n, eps, per_program, BLOCK=block,
         HAS_W=weight is not None, HAS_DH=dh is not None, num_warps=_backward_warps(block),
@@ -101,7 +102,7 @@ def glu(act: str, gate: torch.Tensor, up: torch.Tensor, out: torch.Tensor) -> No
 
     rows, n = gate.shape
     block = min(next_pow2(n), GLU_BLOCK)
-    programs.glu_fwd[(rows, cdiv(n, block))](
+    launch(programs.glu_fwd, (rows, cdiv(n, block)),
         gate, up, out, n, gate.stride(0), up.stride(0), ACT=ACTIVATIONS[act], BLOCK=block,
         num_warps=4,
     )  # fmt: skip
@@ -117,7 +118,7 @@ def glu_backward(
     block = min(next_pow2(n), GLU_BLOCK)
     dgate = torch.empty((rows, n), dtype=gate.dtype, device=gate.device)
     dup = torch.empty_like(dgate)
-    programs.glu_bwd[(rows, cdiv(n, block))](
+    launch(programs.glu_bwd, (rows, cdiv(n, block)),
         gate, up, dy, dgate, dup, n, gate.stride(0), up.stride(0), dy.stride(0),
         ACT=ACTIVATIONS[act], BLOCK=block, num_warps=4,
     )  # fmt: skip
@@ -147,7 +148,7 @@ def rotary(
     kb, kh, ks = strides[1]
     qob, qoh, qos = strides[2]
     kob, koh, kos = strides[3]
-    programs.rotary[(batch * seq,)](
+    launch(programs.rotary, (batch * seq,),
         q, k, cos, sin, q_out, k_out, seq, q_heads, k.shape[1], rot, head_dim,
         qb, qh, qs, kb, kh, ks, qob, qoh, qos, kob, koh, kos, cos.stride(0), cos.stride(1),
         Q_HEADS=next_pow2(q_heads), K_HEADS=next_pow2(k.shape[1]), HALF=next_pow2(rot // 2),

@@ -6,6 +6,7 @@ import torch
 
 from ..compile import cdiv
 from ..declare import INTERPRETING
+from ..launching import launch
 from .configs import GemmConfig
 
 
@@ -37,7 +38,7 @@ def gemm(
     grid = (cdiv(m, c.block_m) * cdiv(n, c.block_n), split)
     upcast = upcast or (INTERPRETING and a.dtype == torch.bfloat16)
     precision = "ieee" if upcast or a.dtype == torch.float32 else "tf32"
-    programs.gemm[grid](
+    launch(programs.gemm, grid,
         a, b, target, bias, m, n, k, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
         GROUP_M=c.group_m, SPLIT_K=split, EVEN_K=k % (c.block_k * split) == 0, UPCAST=upcast,
         PRECISION=precision, TRANS_A=trans_a, TRANS_B=trans_b,

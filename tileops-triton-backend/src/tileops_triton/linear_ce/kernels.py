@@ -19,6 +19,7 @@ from tileops.ops import (
 )
 
 from ..declare import DEVICES, dtype_refusal
+from ..launching import launch
 
 LINEAR_CE_KEY = "triton"
 MAX_BLOCK = 8192
@@ -35,7 +36,7 @@ def triton_step(ignore_index: int, smoothing: float, block: int | None = None):
         if rows == 0:
             return
         width = block or min(triton_next_power_of_2(vocab), MAX_BLOCK)
-        programs.ce_rows[(rows,)](
+        launch(programs.ce_rows, (rows,),
             logits, logits.stride(0), labels, losses if scales is None else scales, losses,
             vocab, ignore_index, smoothing, smoothing / vocab,
             WRITE_GRAD=scales is not None, SMOOTH=smoothing > 0, BLOCK=width,

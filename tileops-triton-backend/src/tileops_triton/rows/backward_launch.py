@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..compile import cdiv, next_pow2
+from ..launching import launch
 
 BACKWARD_FUSED_MAX = 16384  # rows held whole in registers (x and dy both): provisional
 BACKWARD_TILE = 2048  # short rows packed this many elements to a fused tile: provisional
@@ -77,13 +78,13 @@ def norm_backward(
         flags = {"CENTER": center, "HAS_W": weight is not None, "NEED_DX": need_dx,
                  "NEED_DW": need_dw, "NEED_DB": need_db}  # fmt: skip
         if plan.fused:
-            programs.norm_backward_fused[(grid,)](
+            launch(programs.norm_backward_fused, (grid,),
                 *args, ROWS=plan.rows, BLOCK=plan.block, **flags, num_warps=plan.warps
-            )
+            )  # fmt: skip
         else:
-            programs.norm_backward_looped[(grid,)](
+            launch(programs.norm_backward_looped, (grid,),
                 *args, CHUNK=plan.block, **flags, num_warps=plan.warps
-            )
+            )  # fmt: skip
     sums = [None if p is None else _column_sums(p, rows, param_dtype) for p in parts]
     return dx, sums[0], sums[1]
 
@@ -96,9 +97,9 @@ def _column_sums(parts: torch.Tensor, rows: int, dtype: torch.dtype) -> torch.Te
     out = torch.empty(n, dtype=dtype, device=parts.device)
     if not rows:
         return out.zero_()
-    programs.column_sums[(cdiv(n, SUM_BLOCK_N),)](
+    launch(programs.column_sums, (cdiv(n, SUM_BLOCK_N),),
         parts, out, count, n, BLOCK_P=SUM_BLOCK_P, BLOCK_N=SUM_BLOCK_N
-    )
+    )  # fmt: skip
     return out
 
 
@@ -111,12 +112,12 @@ def softmax_backward(plan: BackwardPlan, y: torch.Tensor, dy: torch.Tensor) -> t
     if not rows:
         return dx
     if plan.fused:
-        programs.softmax_backward_fused[(cdiv(rows, plan.rows),)](
+        launch(programs.softmax_backward_fused, (cdiv(rows, plan.rows),),
             y, dy, dx, rows, n, ROWS=plan.rows, BLOCK=plan.block, num_warps=plan.warps
-        )
+        )  # fmt: skip
     else:
-        programs.softmax_backward_looped[(rows,)](y, dy, dx, n, CHUNK=plan.block,
-                                                  num_warps=plan.warps)  # fmt: skip
+        launch(programs.softmax_backward_looped, (rows,), y, dy, dx, n, CHUNK=plan.block,
+               num_warps=plan.warps)  # fmt: skip
     return dx
 
 

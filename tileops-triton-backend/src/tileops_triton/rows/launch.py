@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ..launching import launch
 from .plans import RowPlan
 
 
@@ -26,19 +27,19 @@ def layer_norm(
     flags = {"HAS_W": weight is not None, "HAS_B": bias is not None}
     w, b = _or(weight, x), _or(bias, x)  # absent vectors: any pointer, never read
     if plan.held:
-        programs.layer_norm_held[(rows,)](
+        launch(programs.layer_norm_held, (rows,),
             x, w, b, out, n, eps, BLOCK=plan.block, **flags, num_warps=plan.warps,
             maxnreg=plan.maxnreg,
         )  # fmt: skip
     elif plan.fused:
-        programs.layer_norm_fused[plan.grid(rows)](
+        launch(programs.layer_norm_fused, plan.grid(rows),
             x, w, b, out, rows, n, eps, ROWS=plan.rows, BLOCK=plan.block, **flags,
             num_warps=plan.warps,
         )  # fmt: skip
     else:
-        programs.layer_norm_looped[(rows,)](
+        launch(programs.layer_norm_looped, (rows,),
             x, w, b, out, n, eps, CHUNK=plan.block, **flags, num_warps=plan.warps
-        )
+        )  # fmt: skip
 
 
 def rms_norm(
@@ -50,19 +51,19 @@ def rms_norm(
     rows, n = x.shape
     w, has_w = _or(weight, x), weight is not None
     if plan.held:
-        programs.rms_norm_held[(rows,)](
+        launch(programs.rms_norm_held, (rows,),
             x, w, out, n, eps, BLOCK=plan.block, HAS_W=has_w, num_warps=plan.warps,
             maxnreg=plan.maxnreg,
         )  # fmt: skip
     elif plan.fused:
-        programs.rms_norm_fused[plan.grid(rows)](
+        launch(programs.rms_norm_fused, plan.grid(rows),
             x, w, out, rows, n, eps, ROWS=plan.rows, BLOCK=plan.block, HAS_W=has_w,
             CACHED=plan.cached, num_warps=plan.warps,
         )  # fmt: skip
     else:
-        programs.rms_norm_looped[(rows,)](
+        launch(programs.rms_norm_looped, (rows,),
             x, w, out, n, eps, CHUNK=plan.block, HAS_W=has_w, num_warps=plan.warps
-        )
+        )  # fmt: skip
 
 
 def softmax(plan: RowPlan, x: torch.Tensor, out: torch.Tensor) -> None:
@@ -72,15 +73,15 @@ def softmax(plan: RowPlan, x: torch.Tensor, out: torch.Tensor) -> None:
     rows, n = x.shape
     if plan.held:
         vec = min(16 // x.element_size(), plan.block)  # a lane's 16-byte vector
-        programs.softmax_held[(rows,)](
+        launch(programs.softmax_held, (rows,),
             x, out, n, BLOCK=plan.block, VEC=vec, num_warps=plan.warps, maxnreg=plan.maxnreg
-        )
+        )  # fmt: skip
     elif plan.fused:
-        programs.softmax_fused[plan.grid(rows)](
+        launch(programs.softmax_fused, plan.grid(rows),
             x, out, rows, n, ROWS=plan.rows, BLOCK=plan.block, num_warps=plan.warps
-        )
+        )  # fmt: skip
     else:
-        programs.softmax_looped[(rows,)](x, out, n, CHUNK=plan.block, num_warps=plan.warps)
+        launch(programs.softmax_looped, (rows,), x, out, n, CHUNK=plan.block, num_warps=plan.warps)
 
 
 def _or(t: torch.Tensor | None, fallback: torch.Tensor) -> torch.Tensor:

@@ -101,6 +101,7 @@ class _Attention(AttentionParams):
     """The forward and backward ops' shared path: checks and the call spec of q, k, v."""
 
     q_at: ClassVar[int] = 0  # q's position among the inputs; k follows it
+    layout_checks = True
 
     def check(self, call: BoundCall) -> None:
         q, k = call.tensors[self.q_at], call.tensors[self.q_at + 1]

@@ -102,6 +102,7 @@ class AddRMSNormFwdOp(Op):
     output and the new residual, from inputs of one shape."""
 
     namespace = "tileops"
+    layout_checks = True
     interfaces = {"add_rms_norm": AddRMSNormInterface, "backward": BackwardInterface}
     kernel_types = {
         "reference": AddRMSNormReference,

@@ -8,7 +8,7 @@ kernels take rows of any row stride.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -80,6 +80,7 @@ class GLUFwdOp(Op):
     tanh-approximated), for gate and up of one shape."""
 
     namespace = "tileops"
+    layout_checks = True
     interfaces = {"glu": GLUInterface, "backward": BackwardInterface}
     kernel_types = {"reference": GLUReference, "reference_backward": RecomputeBackward}
     signature = Signature(
@@ -108,9 +109,25 @@ class GLUFwdOp(Op):
     def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         n = gate.shape[-1] if gate.dim() else 1
         g, u = _rows(gate, n), _rows(up, n)
-        call = GLUCall(device=gate.device, act=self.act, dtype=gate.dtype)
-        out = self.call_kernel("glu", call, torch.Size((g.shape[0], n)), gate.dtype, g, u)
+        out = self.call_kernel(
+            "glu", self._spec(gate), torch.Size((g.shape[0], n)), gate.dtype, g, u
+        )
         return like(out, gate)
+
+    def lane_for(self, call: BoundCall) -> Callable[..., torch.Tensor] | None:
+        gate = call.tensors[0]
+        kernel = self._hits.get(("glu", self._spec(gate)))
+        if kernel is None:
+            return None
+        n = gate.shape[-1] if gate.dim() else 1
+
+        def lane(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+            return like(kernel(_rows(gate, n), _rows(up, n)), gate)
+
+        return lane
+
+    def _spec(self, gate: torch.Tensor) -> GLUCall:
+        return GLUCall(device=gate.device, act=self.act, dtype=gate.dtype)
 
     def reference_forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return glu(self.act, gate, up)

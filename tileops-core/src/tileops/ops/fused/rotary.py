@@ -7,7 +7,7 @@ tables are narrower than head_dim, only the first `rot` dims rotate and the rest
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import torch
@@ -104,6 +104,7 @@ class RotaryFwdOp(Op):
     rot) tables; rot even, at most head_dim (partial rotary below it)."""
 
     namespace = "tileops"
+    layout_checks = True
     interfaces = {"rotary": RotaryInterface, "backward": BackwardInterface}
     kernel_types = {"reference": RotaryReference, "reference_backward": RecomputeBackward}
     signature = Signature(
@@ -136,18 +137,42 @@ class RotaryFwdOp(Op):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not (q.numel() and k.numel()):  # one of them empty: nothing worth a kernel
             return tuple(t.contiguous() for t in self.reference_forward(q, k, cos, sin))
-        q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        seq = 2 if HEADS_DIM[self.unsqueeze_dim] == 1 else 1
-        shape = (q.shape[0], q.shape[seq], cos.shape[-1])
-        tables = cos.expand(shape), sin.expand(shape)
-        views = [heads_second(t, self.unsqueeze_dim) for t in (q, k, q_out, k_out)]
-        call = RotaryCall(device=q.device, dtype=q.dtype, head_dim=q.shape[-1], rot=shape[-1])
+        call = self._spec(q, cos)
         try:
-            self.kernel_for("rotary", call)(*views[:2], *tables, *views[2:])
+            return self._rotated(self.kernel_for("rotary", call), q, k, cos, sin)
         except Exception as exc:
             add_note(exc, f"raised by {self._table.serving('rotary', call)}")
             raise
+
+    def lane_for(self, call: BoundCall) -> Callable[..., tuple[torch.Tensor, torch.Tensor]] | None:
+        q, k, cos, _ = call.tensors
+        if not (q.numel() and k.numel()):
+            return None
+        kernel = self._hits.get(("rotary", self._spec(q, cos)))
+        if kernel is None:
+            return None
+        rotated = self._rotated
+        return lambda q, k, cos, sin: rotated(kernel, q, k, cos, sin)
+
+    def _spec(self, q: torch.Tensor, cos: torch.Tensor) -> RotaryCall:
+        return RotaryCall(device=q.device, dtype=q.dtype, head_dim=q.shape[-1], rot=cos.shape[-1])
+
+    def _rotated(
+        self,
+        kernel: Callable[..., None],
+        q: torch.Tensor,
+        k: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q_embed, k_embed) by `kernel`: new outputs, the tables expanded to (batch, seq,
+        rot) and every tensor viewed with heads second, as the interface takes them."""
+        q_out, k_out = q.new_empty(q.shape), k.new_empty(k.shape)  # contiguous
+        unsqueeze_dim = self.unsqueeze_dim
+        seq = 2 if HEADS_DIM[unsqueeze_dim] == 1 else 1
+        shape = (q.shape[0], q.shape[seq], cos.shape[-1])
+        views = [heads_second(t, unsqueeze_dim) for t in (q, k, q_out, k_out)]
+        kernel(*views[:2], cos.expand(shape), sin.expand(shape), *views[2:])
         return q_out, k_out
 
     def reference_forward(
