@@ -95,6 +95,18 @@ def test_anything_triton_may_specialize_on_takes_its_path(compiled_path, change:
     assert len(program.through_triton) == 2 and not program.kernel.direct
 
 
+@pytest.mark.parametrize(("first", "then"), [(1.0, 1), (1, True), (0, False)])
+def test_an_equal_value_of_another_type_takes_tritons_path(compiled_path, first, then) -> None:
+    """1.0 == 1 == True as keys, but Triton compiles each type to another signature."""
+    program = StandInProgram(StandInKernel())
+    x = torch.zeros(8)
+    for value in (first, then):
+        launching.launch(program, (1,), x, x, value, 0.5, BLOCK=16)
+    launching.launch(program, (1,), x, x, 8, 0.5, BLOCK=first)
+    launching.launch(program, (1,), x, x, 8, 0.5, BLOCK=then)
+    assert len(program.through_triton) == 4 and not program.kernel.direct
+
+
 def test_hooks_take_tritons_path(compiled_path) -> None:
     program = StandInProgram(StandInKernel())
     x = torch.zeros(8)

@@ -4,8 +4,8 @@ Triton's own launch binds the arguments, specializes each, hashes the specializa
 cache key and builds launch metadata on every call: host time that a decode step, where every
 kernel is a few microseconds of GPU work, pays in full (TUNING.md#launch). `launch`
 remembers the compiled kernel under a key that decides Triton's specialization (each tensor's
-dtype and whether its address is 16-byte aligned, every other argument's and option's value,
-the current device) and launches it directly when the key comes again. A new key, the
+dtype and whether its address is 16-byte aligned, every other argument's and option's value and
+type, the current device) and launches it directly when the key comes again. A new key, the
 interpreter, launch hooks (profilers) and a program's pre-run hooks take Triton's own path.
 """
 
@@ -36,9 +36,10 @@ def launch(program: Any, grid: Sequence[int], *args: Any, **options: Any) -> Non
         return
     device = _current_device()
     # what Triton specializes an argument on: a tensor's dtype and 16-byte alignment; any
-    # other argument's value decides it too
+    # other argument's value and type (1, 1.0 and True are equal keys, not one signature)
     facts = [(a.dtype, not a.data_ptr() & 15) if isinstance(a, Tensor) else a for a in args]
-    key = (device, *facts, *options.items())
+    types = (*map(type, args), *map(type, options.values()))
+    key = (device, *facts, *options.items(), *types)
     kernels = _direct.get(program)
     direct = None if kernels is None else kernels.get(key)
     if direct is None:
