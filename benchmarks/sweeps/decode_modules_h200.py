@@ -6,8 +6,9 @@ seed. After a 256-token prefill, one decode forward records each module's inputs
 module, the host's time for `--calls` back-to-back calls (the clock read before the device is
 synchronized, so only the launch path counts while the GPU keeps up) and the time of the
 same loop with the GPU waited for. Attention modules run without the cache (its update costs
-both alike). Then the whole decode forward over the cache, cropped back after each call, and
-the models suite's whole step (`generate`), eager and kernelized taking turns.
+both alike). Then the whole decode forward over the cache, cropped back after each call, the
+prompt's prefill forward (what `generate` runs first), and the models suite's whole step
+(`generate`), eager and kernelized taking turns.
 
     python benchmarks/sweeps/decode_modules_h200.py [--calls 50] [--steps 7] [--out DIR] [--tiny]
 
@@ -143,6 +144,8 @@ def main() -> None:
                 rows.setdefault(module, {})[name] = host_and_loop_us(call, args.calls)
             forward = decode_forward(model, ids, cache)
             rows.setdefault("decode forward (cache 256)", {})[name] = host_and_loop_us(forward, 5)
+            prefill = functools.partial(model, input_ids=ids, use_cache=False, logits_to_keep=1)
+            rows.setdefault("prefill forward (256 tokens)", {})[name] = host_and_loop_us(prefill, 3)
             forwards[name] = (model, forward)
         profiles = {n: host_profile(f, 20, args.top) for n, (_, f) in forwards.items()}
     models = {name: model for name, (model, _) in forwards.items()}
@@ -156,7 +159,8 @@ def main() -> None:
     lines = ["# Kernelized Llama decode b1, module by module", ""]
     lines += ["  ".join(f"{k}: {v}" for k, v in run_stamp().items()), ""]
     lines += [
-        f"µs per call, median of 7 loops of {args.calls} calls (the forward: 5). host: the "
+        f"µs per call, median of 7 loops of {args.calls} calls (decode forward: 5, prefill: 3). "
+        "host: the "
         "clock read before the device is synchronized; loop: after.",
         "",
         "| module | eager host | kernelized host | ratio | eager loop | kernelized loop | ratio |",
