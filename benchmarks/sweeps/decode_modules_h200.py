@@ -49,6 +49,11 @@ MODULES = (
 CACHE_KEYWORDS = ("past_key_values", "cache")  # transformers renamed it after 5.17
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def recorded_inputs(model: torch.nn.Module, ids: torch.Tensor) -> tuple[dict, Any]:
     """Each of MODULES' (args, kwargs) in one decode forward after a prefill of `ids`, and the
     cache as the prefill left it."""
@@ -79,16 +84,15 @@ def recorded_inputs(model: torch.nn.Module, ids: torch.Tensor) -> tuple[dict, An
 def host_and_loop_us(fn: Callable[[], Any], calls: int, repeats: int = 7) -> tuple[float, float]:
     """Median µs per call of `calls` back-to-back calls: the host's alone (clock read before the
     synchronize) and with the GPU (after it)."""
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     fn()
-    sync()
+    _sync()
     host, loop = [], []
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(calls):
             fn()
         issued = time.perf_counter()
-        sync()
+        _sync()
         done = time.perf_counter()
         host.append((issued - start) / calls * 1e6)
         loop.append((done - start) / calls * 1e6)
@@ -108,15 +112,14 @@ def decode_forward(model: torch.nn.Module, ids: torch.Tensor, cache: Any) -> Cal
 def interleaved_steps(work: Any, models: dict[str, torch.nn.Module], rounds: int) -> dict:
     """Median ms of the work's step per model, the models taking turns each round, so a drift
     in the host's speed hits each alike."""
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     ids = work.batch(0)
     times: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(rounds):
         for name, model in models.items():
-            sync()
+            _sync()
             start = time.perf_counter()
             work.step(model, ids)
-            sync()
+            _sync()
             times[name].append((time.perf_counter() - start) * 1e3)
     return {name: statistics.median(t) for name, t in times.items()}
 

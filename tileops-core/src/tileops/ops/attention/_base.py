@@ -97,6 +97,11 @@ class AttentionParams:
             "window": self.window,
         }
 
+    def call_facts(self, q: torch.Tensor, v: torch.Tensor) -> tuple:
+        """What `call_fields` reads of q and v: with a call's length facts, the key its call
+        spec is remembered under."""
+        return q.shape, v.shape[1], v.shape[-1], q.dtype, q.device
+
     def remembered(self, key: tuple, make: Callable[[], Any]) -> Any:
         """The call spec `make` builds, remembered under `key` (the facts it follows from, a
         cache's length as bucketed): a decode step's new key length mostly repeats its

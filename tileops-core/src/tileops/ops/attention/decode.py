@@ -243,7 +243,7 @@ class AttentionDecodeOp(AttentionParams, Op):
         self, q: Tensor, k_cache: Tensor, v_cache: Tensor, table: Tensor | None
     ) -> tuple[str, CallSpec] | None:
         """(interface, call spec) of a call; None where the cache holds no slot."""
-        facts = (q.shape, v_cache.shape[1], v_cache.shape[-1], q.dtype, q.device)
+        facts = self.call_facts(q, v_cache)
         if table is None:
             if k_cache.shape[2] == 0:
                 return None

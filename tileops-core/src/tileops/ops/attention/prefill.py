@@ -110,7 +110,7 @@ class _Attention(AttentionParams):
     def call_for(self, q: Tensor, k: Tensor, v: Tensor) -> AttentionCall:
         kv_len = k.shape[2]
         kv_len = decode_bucket(kv_len) if q.shape[2] == 1 else kv_len
-        key = (q.shape, v.shape[1], v.shape[-1], kv_len, q.dtype, q.device)
+        key = (*self.call_facts(q, v), kv_len)
         return self.remembered(key, lambda: AttentionCall(kv_len=kv_len, **self.call_fields(q, v)))
 
 

@@ -7,6 +7,7 @@ tables are narrower than head_dim, only the first `rot` dims rotate and the rest
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -151,8 +152,7 @@ class RotaryFwdOp(Op):
         kernel = self._hits.get(("rotary", self._spec(q, cos)))
         if kernel is None:
             return None
-        rotated = self._rotated
-        return lambda q, k, cos, sin: rotated(kernel, q, k, cos, sin)
+        return functools.partial(self._rotated, kernel)
 
     def _spec(self, q: torch.Tensor, cos: torch.Tensor) -> RotaryCall:
         return RotaryCall(device=q.device, dtype=q.dtype, head_dim=q.shape[-1], rot=cos.shape[-1])
