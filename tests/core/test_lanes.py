@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 import tileops
 from tileops.backend import register_kernel_type
 from tileops.kernel import Kernel
-from tileops.ops import GemmInterface, GemmOp, RMSNormFwdOp
+from tileops.ops import (
+    GemmInterface,
+    GemmOp,
+    GLUFwdOp,
+    GLUInterface,
+    RMSNormFwdOp,
+    RMSNormInterface,
+)
 
 
 def _refusing_forward(monkeypatch, op_cls: type) -> list:
@@ -212,3 +220,103 @@ def test_a_layout_check_runs_once_per_layout_and_on_every_refused_call(monkeypat
     assert len(checks) == 3
     op(torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8), cos, cos)  # a new layout: checked
     assert len(checks) == 4
+
+
+class RecordingRows(Kernel):
+    """A CPU kernel (preferred over the reference) that checks the layout its interface
+    promises and records the storage and shape of what it gets."""
+
+    devices = {"cpu"}
+    got: list = []
+
+    def record(self, x, contiguous=True):
+        assert x.dim() == 2 and (x.is_contiguous() or not contiguous and x.stride(1) == 1)
+        RecordingRows.got.append((x.data_ptr(), x.shape))
+
+
+class RecordingRMSNorm(RecordingRows, RMSNormInterface):
+    def forward(self, x, weight):
+        self.record(x)
+        return torch.rms_norm(x, (x.shape[1],), weight)
+
+
+class RecordingGLU(RecordingRows, GLUInterface):
+    def forward(self, gate, up):
+        self.record(gate, contiguous=False)  # any row stride: a packed input's half
+        return torch.nn.functional.silu(gate) * up
+
+
+@pytest.fixture
+def recording_rows(isolated):
+    register_kernel_type(RMSNormFwdOp, "recording", RecordingRMSNorm)
+    register_kernel_type(GLUFwdOp, "recording", RecordingGLU)
+    RecordingRows.got = []
+
+
+@pytest.mark.parametrize(
+    ("normalized", "shape"), [(8, (2, 8)), (8, (3, 4, 8)), ((2, 4), (2, 2, 4)), (8, (8,))]
+)
+def test_a_row_lane_hands_contiguous_inputs_over_as_views_and_copies_strided_ones(
+    recording_rows, normalized, shape
+):
+    """Contiguous x of a seen layout reaches the kernel without a copy (its (rows, n) view);
+    the output has x's shape and is no view, so it can be modified in place after a call
+    under no_grad; x of that shape with other strides reaches it as a copy."""
+    op, w = RMSNormFwdOp(normalized), torch.randn(normalized)
+    dims = tuple(range(len(shape)))
+    for _ in range(2):
+        op(torch.randn(shape), w)
+    x, strided = torch.randn(shape), torch.randn(shape[::-1]).permute(dims[::-1])
+    with torch.no_grad():
+        y = op(x, w)
+    assert RecordingRows.got[-1][0] == x.data_ptr() and y.shape == x.shape and not y._is_view()
+    y.mul_(torch.ones(shape, requires_grad=True))  # raises for a view made under no_grad
+    torch.testing.assert_close(y.detach(), torch.rms_norm(x, w.shape, w))
+    if strided.is_contiguous():
+        return
+    torch.testing.assert_close(op(strided, w), torch.rms_norm(strided, w.shape, w))
+    assert RecordingRows.got[-1][0] != strided.data_ptr()
+
+
+def test_a_glu_lane_hands_both_contiguous_inputs_over_as_views(recording_rows):
+    op, gate, up = GLUFwdOp("silu"), torch.randn(2, 3, 16), torch.randn(2, 3, 16)
+    op(gate, up), op(gate, up)
+    RecordingRows.got = []
+    out = op(gate, up)
+    assert RecordingRows.got == [(gate.data_ptr(), (6, 16))] and out.shape == gate.shape
+    torch.testing.assert_close(out, torch.nn.functional.silu(gate) * up)
+    packed = torch.randn(2, 3, 32)  # the same layout's facts, halves with a row stride of 32
+    torch.testing.assert_close(
+        op(packed[..., :16], packed[..., 16:]),
+        torch.nn.functional.silu(packed[..., :16]) * packed[..., 16:],
+    )
+
+
+class _TorchCalls(TorchFunctionMode):
+    """The torch functions and methods called inside it, attribute reads left out."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", repr(func))
+        if name != "__get__":
+            self.names.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    ("shape", "lane_calls"),
+    [((4, 8), ["is_contiguous", "is_contiguous"]), ((3, 4, 8), ["is_contiguous"] * 2 + ["view"])],
+)
+def test_a_row_lane_asks_torch_for_the_contiguity_checks_and_its_views_alone(shape, lane_calls):
+    """The layout key fixes the shapes, so the lane neither asks for dims nor copies: one
+    (rows, n) view of x and one of the output back, for x of more than two dims."""
+    op, w = RMSNormFwdOp(8), torch.randn(8)
+    for _ in range(2):
+        op(torch.randn(shape), w)
+    x = torch.randn(shape)
+    with _TorchCalls() as calls:
+        op(x, w)  # the reference kernel calls torch.rms_norm
+    assert calls.names == [*lane_calls, "rms_norm", *lane_calls[2:]]

@@ -37,9 +37,10 @@ def test_a_kernel_given_every_buffer_launches_through_the_entry_function():
     calls: list = []
     launch = Launch(_kernel([], calls))
     assert calls == []  # nothing loaded while building
-    launch(1, 2)
+    launch.entry(1, 2)  # the first call through `entry` looks it up
     launch(3)
-    assert calls == ["loaded", ("entry", (1, 2)), ("entry", (3,))]
+    launch.entry(4)
+    assert calls == ["loaded", ("entry", (1, 2)), ("entry", (3,)), ("entry", (4,))]
 
 
 def test_a_kernel_that_allocates_outputs_keeps_tilelangs_call():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -119,6 +119,48 @@ def like(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         return y
     with torch._C._AutoDispatchBelowADInplaceOrView():
         return y.view_as(x)
+
+
+_is_contiguous = torch.Tensor.is_contiguous
+_BELOW_AUTOGRAD = torch._C._AutoDispatchBelowADInplaceOrView
+
+
+def rows_lane(
+    kernel: Callable[..., torch.Tensor],
+    general: Callable[..., torch.Tensor],
+    shape: torch.Size,
+    n: int,
+    rows_in: int = 1,
+) -> Callable[..., torch.Tensor]:
+    """A lane for the calls of one input layout (x of `shape`) whose inputs are all given and
+    contiguous: `kernel` on the first `rows_in` inputs (1 or all) as (rows, n) tensors and
+    the others as they are, its (rows, n) output returned in `shape` as `like` would. The
+    layout key fixes the shapes, so the views' sizes are known here; other strides take
+    `general`."""
+    if len(shape) == 2 and shape[1] == n:
+
+        def lane(*inputs: torch.Tensor) -> torch.Tensor:
+            if all(map(_is_contiguous, inputs)):
+                return kernel(*inputs)
+            return general(*inputs)
+
+        return lane
+    if not (shape and n):
+        return general
+    rows = math.prod(shape) // n
+    dims = tuple(shape)
+
+    def viewed_lane(x: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+        if not (_is_contiguous(x) and all(map(_is_contiguous, rest))):
+            return general(x, *rest)
+        if rows_in == 1:
+            y = kernel(x.view(rows, n), *rest)
+        else:
+            y = kernel(x.view(rows, n), *[t.view(rows, n) for t in rest])
+        with _BELOW_AUTOGRAD():
+            return y.view(*dims)  # ints: a tuple costs torch more to parse
+
+    return viewed_lane
 
 
 def contiguous(t: torch.Tensor | None) -> torch.Tensor | None:

@@ -73,20 +73,21 @@ class Launch:
     that wrapper is host time for nothing (rows/TUNING.md#launch). The entry function is
     looked up at the first launch, which loads the module onto the GPU: building, which CPU
     machines do, never loads it. A program TileLang built otherwise launches through its own
-    call.
+    call. `entry` is that function once looked up: a plain call, no Python frame of ours.
     """
 
-    __slots__ = ("kernel", "_entry")
+    __slots__ = ("kernel", "entry")
 
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
-        self._entry: Callable[..., Any] | None = None
+        self.entry: Callable[..., Any] = self._first  # hot callers call `launch.entry(...)`
+
+    def _first(self, *buffers: Any) -> Any:
+        self.entry = entry_function(self.kernel)
+        return self.entry(*buffers)
 
     def __call__(self, *buffers: Any) -> Any:
-        entry = self._entry
-        if entry is None:
-            entry = self._entry = entry_function(self.kernel)
-        return entry(*buffers)
+        return self.entry(*buffers)
 
 
 def entry_function(kernel: Any) -> Callable[..., Any]:

@@ -128,8 +128,8 @@ class FlashForward(_TileLang):
     def forward(self, q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         q, k, v = aligned(q), aligned(k), aligned(v)
         out = torch.empty_like(q)
-        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
-        self.launches[0](q, k, v, out, lse)
+        lse = q.new_empty(*q.shape[:-1], dtype=torch.float32)  # ints: a Size parses slower
+        self.launches[0].entry(q, k, v, out, lse)
         return out, lse
 
 
@@ -198,15 +198,16 @@ class SplitDecode(_TileLang):
     ) -> tuple:
         q, k, v = aligned(q), aligned(k), aligned(v)
         o_part, lse_part = self._partials(q)
+        slices = self.launches[0].entry
         if lens is None:
-            self.launches[0](q, k, v, o_part, lse_part)
+            slices(q, k, v, o_part, lse_part)
         elif table is None:
-            self.launches[0](q, k, v, lens, o_part, lse_part)
+            slices(q, k, v, lens, o_part, lse_part)
         else:
-            self.launches[0](q, k, v, lens, table, o_part, lse_part)
+            slices(q, k, v, lens, table, o_part, lse_part)
         out = torch.empty_like(q)  # head_dim == v_dim: out has q's shape
-        lse = q.new_empty(q.shape[:-1], dtype=torch.float32)
-        self.launches[1](o_part, lse_part, out, lse)
+        lse = q.new_empty(*q.shape[:-1], dtype=torch.float32)  # ints: a Size parses slower
+        self.launches[1].entry(o_part, lse_part, out, lse)
         return out, lse
 
     def _partials(self, q: Tensor) -> tuple[Tensor, Tensor]:

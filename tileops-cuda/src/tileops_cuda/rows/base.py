@@ -91,7 +91,10 @@ class RowKernel(Kernel):
         if not all_aligned(x, *params):
             x, *params = map(aligned, (x, *params))
         y = torch.empty_like(x)
-        self.launch(x, *params, *self.workspace(x), y)
+        if self.plan.global_partials:
+            self.launch.entry(x, *params, *self.workspace(x), y)
+        else:
+            self.launch.entry(x, *params, y)
         return y
 
     def workspace(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -127,7 +127,7 @@ class TritonGLU(TritonFused, GLUInterface):
         self.act = act
 
     def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        out = gate.new_empty(gate.shape)  # contiguous, whatever gate's row stride
+        out = torch.empty_like(gate, memory_format=torch.contiguous_format)  # any row stride
         launch.glu(self.act, gate, up, out)
         return out
 

@@ -20,7 +20,7 @@ from ...errors import OpConfigError, OpInputError
 from ...kernel import KernelInterface
 from ...op import Op
 from ...signature import BATCH, BoundCall, Input, Output, Signature
-from .._common import ReferenceKernel, like, sample_case, upcasts
+from .._common import ReferenceKernel, like, rows_lane, sample_case, upcasts
 
 if TYPE_CHECKING:
     from ...samples import Case
@@ -124,7 +124,7 @@ class GLUFwdOp(Op):
         def lane(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
             return like(kernel(_rows(gate, n), _rows(up, n)), gate)
 
-        return lane
+        return rows_lane(kernel, lane, gate.shape, n, rows_in=2)
 
     def _spec(self, gate: torch.Tensor) -> GLUCall:
         return GLUCall(device=gate.device, act=self.act, dtype=gate.dtype)

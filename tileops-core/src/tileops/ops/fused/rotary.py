@@ -7,7 +7,6 @@ tables are narrower than head_dim, only the first `rot` dims rotate and the rest
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -140,7 +139,7 @@ class RotaryFwdOp(Op):
             return tuple(t.contiguous() for t in self.reference_forward(q, k, cos, sin))
         call = self._spec(q, cos)
         try:
-            return self._rotated(self.kernel_for("rotary", call), q, k, cos, sin)
+            return self._rotation(self.kernel_for("rotary", call), q, k, cos)(q, k, cos, sin)
         except Exception as exc:
             add_note(exc, f"raised by {self._table.serving('rotary', call)}")
             raise
@@ -152,28 +151,37 @@ class RotaryFwdOp(Op):
         kernel = self._hits.get(("rotary", self._spec(q, cos)))
         if kernel is None:
             return None
-        return functools.partial(self._rotated, kernel)
+        return self._rotation(kernel, q, k, cos)
 
     def _spec(self, q: torch.Tensor, cos: torch.Tensor) -> RotaryCall:
         return RotaryCall(device=q.device, dtype=q.dtype, head_dim=q.shape[-1], rot=cos.shape[-1])
 
-    def _rotated(
-        self,
-        kernel: Callable[..., None],
-        q: torch.Tensor,
-        k: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(q_embed, k_embed) by `kernel`: new outputs, the tables expanded to (batch, seq,
-        rot) and every tensor viewed with heads second, as the interface takes them."""
-        q_out, k_out = q.new_empty(q.shape), k.new_empty(k.shape)  # contiguous
-        unsqueeze_dim = self.unsqueeze_dim
-        seq = 2 if HEADS_DIM[unsqueeze_dim] == 1 else 1
-        shape = (q.shape[0], q.shape[seq], cos.shape[-1])
-        views = [heads_second(t, unsqueeze_dim) for t in (q, k, q_out, k_out)]
-        kernel(*views[:2], cos.expand(shape), sin.expand(shape), *views[2:])
-        return q_out, k_out
+    def _rotation(
+        self, kernel: Callable[..., None], q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor
+    ) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+        """(q, k, cos, sin) -> (q_embed, k_embed) by `kernel` for inputs of these shapes: new
+        contiguous outputs, the tables expanded to (batch, seq, rot) and every tensor viewed
+        with heads second, as the interface takes them. The sizes are read once here: torch
+        parses ints faster than a Size, and tables of that shape need no expanding."""
+        q_dims, k_dims = tuple(q.shape), tuple(k.shape)
+        swap = HEADS_DIM[self.unsqueeze_dim] != 1
+        table = (q.shape[0], q.shape[1 if swap else 2], cos.shape[-1])
+        expand = tuple(cos.shape) != table
+
+        def rotate(
+            q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            q_out, k_out = q.new_empty(*q_dims), k.new_empty(*k_dims)  # contiguous
+            if expand:
+                cos, sin = cos.expand(*table), sin.expand(*table)
+            if swap:
+                kernel(q.transpose(1, 2), k.transpose(1, 2), cos, sin,
+                       q_out.transpose(1, 2), k_out.transpose(1, 2))  # fmt: skip
+            else:
+                kernel(q, k, cos, sin, q_out, k_out)
+            return q_out, k_out
+
+        return rotate
 
     def reference_forward(
         self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -185,11 +193,6 @@ class RotaryFwdOp(Op):
         yield sample_case({}, (2, 4, 6, 16), (2, 2, 6, 16), (2, 6, 16), (2, 6, 16))
         shapes = (1, 5, 3, 24), (1, 5, 1, 24), (1, 5, 8), (1, 5, 8)
         yield sample_case({"unsqueeze_dim": 2}, *shapes, note="heads on dim 2, partial rotary")
-
-
-def heads_second(t: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
-    """`t` as a (batch, heads, seq, head_dim) view."""
-    return t if HEADS_DIM[unsqueeze_dim] == 1 else t.transpose(1, 2)
 
 
 def check_rotary(op: str, heads_dim: int, q, k, cos, sin) -> None:  # noqa: ANN001

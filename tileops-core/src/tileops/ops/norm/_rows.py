@@ -15,7 +15,7 @@ import torch
 
 from ...callspec import CallSpec
 from ...signature import BATCH, WIDENED, BoundCall, Input, Output, Signature
-from .._common import as_rows, as_vector, like, param_dtype, shape_param
+from .._common import as_rows, as_vector, like, param_dtype, rows_lane, shape_param
 
 
 def norm_signature(*affine: str) -> Signature:
@@ -91,7 +91,9 @@ class RowNorm:
             y = kernel(rows, *[as_vector(t, n) for t in affine])
             return y if rows is x else like(y, x)
 
-        return lane
+        if any(t is None or t.dim() != 1 for t in affine):
+            return lane
+        return rows_lane(kernel, lane, x.shape, n)
 
     def native_lane_for(self, call: BoundCall) -> Callable[..., torch.Tensor] | None:
         """torch's function under torch's autograd for the autograd calls whose grad spec (the
