@@ -320,3 +320,25 @@ def test_a_row_lane_asks_torch_for_the_contiguity_checks_and_its_views_alone(sha
     with _TorchCalls() as calls:
         op(x, w)  # the reference kernel calls torch.rms_norm
     assert calls.names == [*lane_calls, "rms_norm", *lane_calls[2:]]
+
+
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_a_rotary_lane_expands_only_tables_of_another_shape(unsqueeze_dim, batch):
+    """transformers passes (1, seq, rot) tables: the interface takes (batch, seq, rot), so
+    the lane expands them for batches over 1 and hands batch 1's over as they are."""
+    from tileops.ops import RotaryFwdOp
+    from tileops.ops.fused.rotary import rotary_pair
+
+    op = RotaryFwdOp(unsqueeze_dim)
+    heads = (4, 2) if unsqueeze_dim == 1 else (3, 1)
+    q, k = (torch.randn(batch, *((h, 3) if unsqueeze_dim == 1 else (3, h)), 8) for h in heads)
+    cos, sin = torch.randn(1, 3, 6), torch.randn(1, 3, 6)
+    for _ in range(2):
+        op(q, k, cos, sin)
+    with _TorchCalls() as calls:
+        got = op(q, k, cos, sin)
+    for found, want in zip(got, rotary_pair(q, k, cos, sin, unsqueeze_dim), strict=True):
+        torch.testing.assert_close(found, want)
+        assert found.is_contiguous()
+    assert calls.names.count("expand") == (2 if batch > 1 else 0)
