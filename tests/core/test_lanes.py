@@ -342,3 +342,52 @@ def test_a_rotary_lane_expands_only_tables_of_another_shape(unsqueeze_dim, batch
         torch.testing.assert_close(found, want)
         assert found.is_contiguous()
     assert calls.names.count("expand") == (2 if batch > 1 else 0)
+
+
+def _linear_calls(layer, x, grad=False):
+    """The torch calls of `layer(x)` made after two calls of x's layout, and its output."""
+    with torch.set_grad_enabled(grad):
+        for _ in range(2):
+            layer(x)
+        with _TorchCalls() as calls:
+            out = layer(x)
+    return [n for n in calls.names if n not in ("is_contiguous", "dim")], out
+
+
+def test_a_linear_layout_served_by_f_linears_product_runs_f_linear_from_its_second_call():
+    """The GEMM reference is torch_native (torch.mm / addmm, F.linear's product): no-grad
+    calls of a seen layout run F.linear itself, neither flattened nor dispatched; calls
+    needing a gradient and a record's calls take the op."""
+    from tileops.nn import Linear
+
+    layer, x = Linear(8, 4), torch.randn(2, 3, 8)
+    names, out = _linear_calls(layer, x)
+    assert names == ["linear"]
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, layer.weight, layer.bias))
+    names, out = _linear_calls(layer, x, grad=True)
+    assert "flatten" in names and out.grad_fn is not None
+    with torch.no_grad(), tileops.record() as record:
+        layer(x)
+    assert sum(record.counts.values()) == 1
+
+
+@pytest.fixture
+def shared_ops():
+    """tileops.nn's shared ops made anew, of the current registry (an op keeps its table)."""
+    from tileops.nn import _ops
+
+    _ops._shared_op.cache_clear()
+    yield
+    _ops._shared_op.cache_clear()
+
+
+def test_a_linear_layout_served_by_another_kernel_keeps_taking_the_op(doubling, shared_ops):
+    """Doubling is not torch_native: every call reaches it, as does a pinned one's."""
+    from tileops.nn import Linear
+
+    layer, x = Linear(8, 4, bias=False), torch.randn(2, 3, 8)
+    names, out = _linear_calls(layer, x)
+    assert "linear" not in names and len(Doubling.served) == 3
+    torch.testing.assert_close(out, 2 * torch.nn.functional.linear(x, layer.weight))
+    with tileops.pinned(GemmOp, "gemm", "reference"), torch.no_grad():
+        torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight))

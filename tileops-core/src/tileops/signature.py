@@ -105,7 +105,9 @@ class Output:
         return dtype if self.min_dtype is None else torch.promote_types(dtype, self.min_dtype)
 
 
-_facts = attrgetter("shape", "dtype", "device", "layout", "requires_grad")
+tensor_facts = attrgetter("shape", "dtype", "device", "layout", "requires_grad")
+"""What a layout key holds of each tensor (read in C by one attrgetter)."""
+_facts = tensor_facts
 _is_contiguous = methodcaller("is_contiguous")
 _given = partial(is_not, None)
 _new_bound_call = tuple.__new__  # skips the named tuple's Python-level __new__ on the hot path

@@ -14,6 +14,7 @@ from torch import nn
 
 from ..errors import OpInputError
 from ..ops import GemmOp
+from ..ops.gemm.gemm import linear_rows
 from ._base import TileModule
 from ._ops import op_for
 
@@ -33,5 +34,6 @@ class Linear(TileModule, nn.Linear):
         gemm = op_for(GemmOp, x.device, False, True)
         if len(shape) == 2:  # no view, as F.linear's: FSDP2 drops hooks on in-place ops on views
             return gemm(x, self.weight, self.bias)
-        rows = x.flatten(0, -2) if len(shape) > 1 else x.unsqueeze(0)  # reshape(-1, k): ambiguous
-        return gemm(rows, self.weight, self.bias).view(*shape[:-1], self.out_features)
+        if isinstance(gemm, GemmOp):  # eager: the op flattens, or runs F.linear where it may
+            return gemm.linear(x, self.weight, self.bias)
+        return linear_rows(gemm, x, self.weight, self.bias)

@@ -14,12 +14,18 @@ from ...backward import BackwardCall, BackwardInterface, Tensors
 from ...callspec import CallSpec
 from ...kernel import Build, Kernel, KernelInterface
 from ...op import Op
-from ...registry import REGISTRY
-from ...signature import BoundCall, Input, Output, Signature
+from ...registry import BUILTIN, REGISTRY
+from ...signature import BoundCall, Input, Output, Signature, tensor_facts
+from ...table import remember
 from .._common import ReferenceKernel, bool_param, sample_case
 
 if TYPE_CHECKING:
     from ...samples import Case
+
+NATIVE_LINEAR_LAYOUTS = 256
+"""Input layouts `GemmOp.linear` remembers as served by F.linear (an engine's batch sizes vary)."""
+_is_grad_enabled = torch.is_grad_enabled
+_is_any_autocast_enabled = torch._C._is_any_autocast_enabled
 
 LAYOUTS = {(False, False): "NN", (False, True): "NT", (True, False): "TN", (True, True): "TT"}
 """(trans_a, trans_b) -> the layout's name, as cuBLAS and DeepGEMM spell it."""
@@ -256,6 +262,55 @@ class GemmOp(Op):
             return hit
         return self.kernel_for("gemm", spec) if spec.m and spec.n else None
 
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`F.linear(x, weight, bias)` for x of any leading dims, through this NT op (what
+        `tileops.nn.Linear` calls): x's rows flattened, the output in x's leading dims.
+
+        Calls that need no gradient, of an input layout whose rows a `torch_native` kernel
+        served (cuBLAS, which computes F.linear's own product), run F.linear itself from the
+        layout's second call: no flattening, no dispatch. As lanes, only while the op reads
+        its plain hit cache (no pin, record or simulation active)."""
+        key = (
+            tensor_facts(x),
+            x.is_contiguous(),
+            tensor_facts(weight),
+            None if bias is None else tensor_facts(bias),
+            _is_grad_enabled(),
+        )
+        native = self.__dict__.get("_native_linear")
+        if native is not None and native.get(key) is self._hits and not _is_any_autocast_enabled():
+            return F.linear(x, weight, bias)
+        out = linear_rows(self, x, weight, bias)
+        if key[1] and x.numel() and self._runs_f_linear(x, weight, bias):
+            if native is None:
+                native = self.__dict__["_native_linear"] = {}
+            remember(native, key, self._hits, NATIVE_LINEAR_LAYOUTS)
+        return out
+
+    def _runs_f_linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> bool:
+        """Whether the call that just ran on contiguous x's rows was F.linear's product, and
+        a later one of its layout would be: an NT op on its own kernels with no checks,
+        outside autocast and scopes, needing no gradient, its kernel `torch_native`."""
+        if not (self.trans_b and not self.trans_a and weight.is_contiguous()):
+            return False
+        if self._settled is not BUILTIN or self._checks or type(self._hits) is not dict:
+            return False
+        if _is_any_autocast_enabled() or (
+            _is_grad_enabled()
+            and (x.requires_grad or weight.requires_grad or getattr(bias, "requires_grad", False))
+        ):
+            return False
+        n, k = weight.shape
+        spec = GemmCall(
+            device=x.device, m=x.numel() // k, n=n, k=k, dtype=x.dtype, trans_a=False,
+            trans_b=True, has_bias=bias is not None,
+        )  # fmt: skip
+        return getattr(self._hits.get(("gemm", spec)), "torch_native", False)
+
     def reference_forward(
         self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -298,6 +353,18 @@ class GemmFwdOp(GemmOp):
         yield sample_case({}, (33, 48), (80, 48), note="NT")
         yield sample_case({"trans_b": False}, (1, 256), (256, 7), note="NN, skinny")
         yield sample_case({"trans_a": True}, (48, 64), (80, 48), note="TT")
+
+
+def linear_rows(
+    gemm: Callable[..., torch.Tensor],
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` by `gemm` (an NT GemmOp, or its operator while compiling)
+    on x's rows (a (1, k) row for a 1-D x), viewed back to x's leading dims."""
+    rows = x.flatten(0, -2) if x.dim() > 1 else x.unsqueeze(0)  # reshape(-1, k): ambiguous
+    return gemm(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
 def _stored(t: torch.Tensor, trans: bool) -> tuple[torch.Tensor, bool]:
