@@ -82,6 +82,8 @@ def declared_norm(module: nn.Module, x: torch.Tensor, semantics: ModuleSemantics
         weight, bias = _offset(cast(weight, dtype), offset), cast(bias, dtype)
         return op(x, weight, bias) if affine else op(x, weight)
     scale = _offset(weight, offset)
+    if _of_dtype(scale, x.dtype) and _of_dtype(bias, x.dtype):  # the usual case: no cast
+        return op(x, scale, bias) if affine else op(x, scale)
     dtypes = [t.dtype for t in (x, scale, bias) if t is not None]
     if functools.reduce(torch.promote_types, dtypes) == x.dtype:
         scale, bias = cast(scale, x.dtype), cast(bias, x.dtype)
@@ -89,6 +91,10 @@ def declared_norm(module: nn.Module, x: torch.Tensor, semantics: ModuleSemantics
     y = op(x, None, None) if affine else op(x, None)
     y = y if scale is None else y * scale
     return y if bias is None else y + bias
+
+
+def _of_dtype(t: torch.Tensor | None, dtype: torch.dtype) -> bool:
+    return t is None or t.dtype == dtype
 
 
 def _offset(weight: torch.Tensor | None, offset: float) -> torch.Tensor | None:
