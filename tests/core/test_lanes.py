@@ -391,3 +391,15 @@ def test_a_linear_layout_served_by_another_kernel_keeps_taking_the_op(doubling, 
     torch.testing.assert_close(out, 2 * torch.nn.functional.linear(x, layer.weight))
     with tileops.pinned(GemmOp, "gemm", "reference"), torch.no_grad():
         torch.testing.assert_close(layer(x), torch.nn.functional.linear(x, layer.weight))
+
+
+def test_linear_through_a_gemm_of_another_layout_or_a_0_d_x_is_refused():
+    from tileops.errors import OpInputError
+    from tileops.ops import GemmFwdOp
+
+    x, w = torch.randn(2, 3, 8), torch.randn(4, 8)
+    with pytest.raises(OpInputError, match=r"trans_b=True and trans_a=False \(this one: tr"):
+        GemmOp().linear(x, w)
+    with pytest.raises(OpInputError, match="an x of at least 1 dim"):
+        GemmOp(trans_b=True).linear(torch.randn(()), w)
+    torch.testing.assert_close(GemmFwdOp().linear(x, w), torch.nn.functional.linear(x, w))

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from ... import library
 from ...backward import BackwardCall, BackwardInterface, Tensors
 from ...callspec import CallSpec
+from ...errors import OpInputError
 from ...kernel import Build, Kernel, KernelInterface
 from ...op import Op
 from ...registry import BUILTIN, REGISTRY
@@ -272,6 +273,12 @@ class GemmOp(Op):
         served (cuBLAS, which computes F.linear's own product), run F.linear itself from the
         layout's second call: no flattening, no dispatch. As lanes, only while the op reads
         its plain hit cache (no pin, record or simulation active)."""
+        if self.trans_a or not self.trans_b or not x.dim():
+            raise OpInputError(
+                f"{type(self).__name__}.linear() computes x @ weight^T: it needs an op built "
+                f"with trans_b=True and trans_a=False (this one: trans_a={self.trans_a}, "
+                f"trans_b={self.trans_b}) and an x of at least 1 dim (got {x.dim()})"
+            )
         key = (
             tensor_facts(x),
             x.is_contiguous(),
@@ -282,7 +289,7 @@ class GemmOp(Op):
         native = self.__dict__.get("_native_linear")
         if native is not None and native.get(key) is self._hits and not _is_any_autocast_enabled():
             return F.linear(x, weight, bias)
-        out = linear_rows(self, x, weight, bias)
+        out = linear_rows(self, x, weight, *(() if bias is None else (bias,)))
         if key[1] and x.numel() and self._runs_f_linear(x, weight, bias):
             if native is None:
                 native = self.__dict__["_native_linear"] = {}
@@ -293,9 +300,9 @@ class GemmOp(Op):
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> bool:
         """Whether the call that just ran on contiguous x's rows was F.linear's product, and
-        a later one of its layout would be: an NT op on its own kernels with no checks,
-        outside autocast and scopes, needing no gradient, its kernel `torch_native`."""
-        if not (self.trans_b and not self.trans_a and weight.is_contiguous()):
+        a later one of its layout would be: the op on its own kernels with no checks, outside
+        autocast and scopes, needing no gradient, its kernel `torch_native`."""
+        if not weight.is_contiguous():
             return False
         if self._settled is not BUILTIN or self._checks or type(self._hits) is not dict:
             return False
@@ -356,15 +363,12 @@ class GemmFwdOp(GemmOp):
 
 
 def linear_rows(
-    gemm: Callable[..., torch.Tensor],
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
+    gemm: Callable[..., torch.Tensor], x: torch.Tensor, weight: torch.Tensor, *bias: Any
 ) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` by `gemm` (an NT GemmOp, or its operator while compiling)
+    """`F.linear(x, weight, *bias)` by `gemm` (an NT GemmOp, or its operator while compiling)
     on x's rows (a (1, k) row for a 1-D x), viewed back to x's leading dims."""
     rows = x.flatten(0, -2) if x.dim() > 1 else x.unsqueeze(0)  # reshape(-1, k): ambiguous
-    return gemm(rows, weight, bias).view(*x.shape[:-1], weight.shape[0])
+    return gemm(rows, weight, *bias).view(*x.shape[:-1], weight.shape[0])
 
 
 def _stored(t: torch.Tensor, trans: bool) -> tuple[torch.Tensor, bool]:
