@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from tileops_cuda._common.operands import ALIGN_BYTES, aligned
@@ -27,9 +29,9 @@ def test_a_row_kernel_launches_on_aligned_operands_only():
     """rows_out hands the launch x and the params as they are where all start aligned, and
     copies the one that does not; y is allocated like x, after them."""
     kernel = object.__new__(RMSNormBlockRow)
-    kernel.workspace = lambda x: ()
+    kernel.plan = SimpleNamespace(global_partials=False)  # no cluster workspace
     launched = []
-    kernel.launch = lambda *buffers: launched.append(buffers)
+    kernel.launch = SimpleNamespace(entry=lambda *buffers: launched.append(buffers))
     x, weight = torch.randn(8, 64), torch.randn(64)
     y = kernel.rows_out(x, weight)
     ((x_given, w_given, y_given),) = launched
