@@ -146,8 +146,23 @@ def test_kernelize_sets_the_attention_on_request():
     assert tnn.kernelize(wrapper, attention=True).attention == ["0"]
 
 
+@pytest.fixture
+def op_calls(monkeypatch):
+    """The (q_len, kv_len) of every AttentionFwdOp call, whichever kernel serves it (on a GPU
+    the reference kernel's `attend` serves none)."""
+    seen: list[tuple[int, int]] = []
+    call = prefill.AttentionFwdOp.__call__
+
+    def counting(self, q, k, *rest, **kwargs):
+        seen.append((q.shape[2], k.shape[2]))
+        return call(self, q, k, *rest, **kwargs)
+
+    monkeypatch.setattr(prefill.AttentionFwdOp, "__call__", counting)
+    return seen
+
+
 @pytest.mark.gpu
-def test_on_the_gpu_prefill_and_decode_match_sdpa(attention_calls):
+def test_on_the_gpu_prefill_and_decode_match_sdpa(op_calls):
     """bfloat16 on the GPU: the SDPA kernels and TileLang's serve the op's calls."""
     sdpa, ours = (m.to("cuda", torch.bfloat16) for m in pair())
     ids = tokens(length=40).cuda()
@@ -156,4 +171,4 @@ def test_on_the_gpu_prefill_and_decode_match_sdpa(attention_calls):
         assert float((got - want).norm() / want.norm()) < 2e-2
         options = {"max_new_tokens": 8, "do_sample": False}
         assert ours.generate(ids, **options).shape == sdpa.generate(ids, **options).shape
-    assert (1, 41) in attention_calls  # a decode step through the op
+    assert (1, 41) in op_calls  # a decode step through the op

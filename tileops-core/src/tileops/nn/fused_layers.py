@@ -47,12 +47,18 @@ _GLU_ACTIVATIONS = {
 
 
 def glu_activation(act_fn: object) -> str | None:
-    """The GLU activation (`GLUFwdOp`'s `act`) `act_fn` computes, or None."""
-    if type(act_fn) is nn.SiLU:
-        return "silu"
+    """The GLU activation (`GLUFwdOp`'s `act`) `act_fn` computes, or None (read per call of
+    a fused MLP: its class decides, but for torch's GELU, whose `approximate` may change)."""
     if type(act_fn) is nn.GELU:
         return "gelu_tanh" if act_fn.approximate == "tanh" else "gelu"
-    return _GLU_ACTIVATIONS.get(dotted_path(type(act_fn)))
+    return _class_activation(type(act_fn))
+
+
+@functools.lru_cache(maxsize=64)
+def _class_activation(cls: type) -> str | None:
+    if cls is nn.SiLU:
+        return "silu"
+    return _GLU_ACTIVATIONS.get(dotted_path(cls))
 
 
 class _Fused(TileModule):
