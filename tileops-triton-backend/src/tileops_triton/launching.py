@@ -37,7 +37,10 @@ def launch(program: Any, grid: Sequence[int], *args: Any, **options: Any) -> Non
     device = _current_device()
     # what Triton specializes an argument on: a tensor's dtype and 16-byte alignment; any
     # other argument's value and type (1, 1.0 and True are equal keys, not one signature)
-    facts = [(a.dtype, not a.data_ptr() & 15) if isinstance(a, Tensor) else a for a in args]
+    facts = [  # ints first: most arguments are (sizes, strides), and isinstance costs more
+        a if type(a) is int else (a.dtype, not a.data_ptr() & 15) if isinstance(a, Tensor) else a
+        for a in args
+    ]
     types = (*map(type, args), *map(type, options.values()))
     key = (device, *facts, *options.items(), *types)
     kernels = _direct.get(program)
