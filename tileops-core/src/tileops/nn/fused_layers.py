@@ -326,22 +326,30 @@ def _tileops_rotary(original: Callable[..., Any], partial: bool) -> Callable[...
 
 
 def _served(q: Any, k: Any, cos: Any, sin: Any, unsqueeze_dim: Any, partial: bool) -> bool:
-    tensors = (q, k, cos, sin)
-    if not all(isinstance(t, torch.Tensor) for t in tensors) or unsqueeze_dim not in HEADS_DIM:
+    """Whether RotaryFwdOp computes this call as transformers' function does (read per call,
+    attribute by attribute: a decode step makes one per layer)."""
+    if not (
+        isinstance(q, torch.Tensor)
+        and isinstance(k, torch.Tensor)
+        and isinstance(cos, torch.Tensor)
+        and isinstance(sin, torch.Tensor)
+        and unsqueeze_dim in HEADS_DIM
+    ):
         return False
-    if not (q.dim() == k.dim() == 4 and cos.dim() == 3 and sin.shape == cos.shape):
+    dtype, q_shape, k_shape, table = q.dtype, q.shape, k.shape, cos.shape
+    if not (k.dtype == cos.dtype == sin.dtype == dtype and dtype in SERVED_DTYPES):
         return False
-    if len({t.dtype for t in tensors}) != 1 or q.dtype not in SERVED_DTYPES:
+    if not (len(q_shape) == len(k_shape) == 4 and len(table) == 3 and sin.shape == table):
         return False
     heads = HEADS_DIM[unsqueeze_dim]
-    seq, batch = q.shape[3 - heads], q.shape[0]
-    rot, head_dim = cos.shape[-1], q.shape[-1]
+    seq, batch = q_shape[3 - heads], q_shape[0]
+    rot, head_dim = table[-1], q_shape[-1]
     return (
         (rot == head_dim or (partial and 2 <= rot < head_dim))
         and rot % 2 == 0
-        and k.shape[-1] == head_dim
-        and k.shape[0] == batch
-        and k.shape[3 - heads] == seq
-        and cos.shape[0] in (1, batch)
-        and cos.shape[1] in (1, seq)
+        and k_shape[-1] == head_dim
+        and k_shape[0] == batch
+        and k_shape[3 - heads] == seq
+        and table[0] in (1, batch)
+        and table[1] in (1, seq)
     )
