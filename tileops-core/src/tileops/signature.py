@@ -107,7 +107,6 @@ class Output:
 
 tensor_facts = attrgetter("shape", "dtype", "device", "layout", "requires_grad")
 """What a layout key holds of each tensor (read in C by one attrgetter)."""
-_facts = tensor_facts
 _is_contiguous = methodcaller("is_contiguous")
 _given = partial(is_not, None)
 _new_bound_call = tuple.__new__  # skips the named tuple's Python-level __new__ on the hot path
@@ -232,14 +231,15 @@ class Signature:
         an input written in place or whose strides select the kernel, also whether it is
         contiguous."""
         try:  # inputs left out (None) are skipped, and said where
-            facts = (*map(_facts, filter(_given, values)), *map(_given, values))
+            facts = (*map(tensor_facts, filter(_given, values)), *map(_given, values))
             if not self._keyed_at:
                 return facts
             return (*facts, *map(_is_contiguous, map(values.__getitem__, self._keyed_at)))
         except AttributeError:  # not a tensor, or a keyed input left out
             pass
+        facts = tensor_facts
         return tuple(
-            None if v is None else (*_facts(v), v.is_contiguous()) if keyed else _facts(v)
+            None if v is None else (*facts(v), v.is_contiguous()) if keyed else facts(v)
             for v, keyed in zip(values, self._keyed_contiguity, strict=True)
         )
 
