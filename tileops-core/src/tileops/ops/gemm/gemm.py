@@ -15,7 +15,7 @@ from ...callspec import CallSpec
 from ...errors import OpInputError
 from ...kernel import Build, Kernel, KernelInterface
 from ...op import Op
-from ...registry import BUILTIN, REGISTRY
+from ...registry import REGISTRY
 from ...signature import BoundCall, Input, Output, Signature, tensor_facts
 from ...table import remember
 from .._common import ReferenceKernel, bool_param, sample_case
@@ -304,18 +304,15 @@ class GemmOp(Op):
         autocast and scopes, needing no gradient, its kernel `torch_native`."""
         if not weight.is_contiguous():
             return False
-        if self._settled is not BUILTIN or self._checks or type(self._hits) is not dict:
+        if self._checks or type(self._hits) is not dict or not self.runs_builtin(x.device):
             return False
         if _is_any_autocast_enabled() or (
             _is_grad_enabled()
             and (x.requires_grad or weight.requires_grad or getattr(bias, "requires_grad", False))
         ):
             return False
-        n, k = weight.shape
-        spec = GemmCall(
-            device=x.device, m=x.numel() // k, n=n, k=k, dtype=x.dtype, trans_a=False,
-            trans_b=True, has_bias=bias is not None,
-        )  # fmt: skip
+        rows = x.view(-1, weight.shape[1])  # x is contiguous and not empty
+        spec = _gemm_call(rows, weight, bias is not None, False, True)
         return getattr(self._hits.get(("gemm", spec)), "torch_native", False)
 
     def reference_forward(
