@@ -15,8 +15,9 @@ device, in its dtype): eager and kernelized (a causal LM in training also throug
 `kernelize_loss`, its loss without the logits); works named in `--compile-works` (default: the
 prefill) also for `torch.compile` of eager and of kernelized; with `--attention`, Llama also
 with its attention alone through tileops (`attn_implementation="tileops"`, against the SDPA
-default that eager runs). Each with its peak memory (weights
-included). Training works also run 20 steps of eager and of kernelized on the same
+default that eager runs). The contenders are built side by side, each warmed up alone with
+its peak memory (its weights included), then timed in turns, one step each per round: a
+host-bound step (decode) follows the host's speed, which drifts during a run. Training works also run 20 steps of eager and of kernelized on the same
 batches and report the largest loss difference against the bfloat16 tolerance.
 
     python benchmarks/suites/models_h200.py [--models llama,resnet50,encoder]
@@ -273,19 +274,39 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_steps(work: Work, model: torch.nn.Module, device: str, steps: int) -> float:
-    """Median milliseconds of one step, after three warm-up steps (compilation, selection)."""
+def warm_up(work: Work, model: torch.nn.Module, device: str) -> None:
+    """Three steps: compilation, selection, the allocator's first blocks."""
     batch = work.batch(0)
     for _ in range(3):
         work.step(model, batch)
     _sync(device)
-    times = []
+
+
+def time_in_turns(
+    work: Work, models: dict[str, torch.nn.Module], device: str, steps: int
+) -> dict[str, float | str]:
+    """Median milliseconds of one step per model, the models taking turns step by step, so a
+    drift in the host's or the GPU's speed during the run hits every contender alike (a
+    host-bound decode step follows the host's speed). A model whose step fails gets its error."""
+    batch = work.batch(0)
+    times: dict[str, list[float]] = {name: [] for name in models}
+    failed: dict[str, str] = {}
     for _ in range(steps):
-        start = time.perf_counter()
-        work.step(model, batch)
-        _sync(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+        for name, model in models.items():
+            if name in failed:
+                continue
+            try:
+                start = time.perf_counter()
+                work.step(model, batch)
+                _sync(device)
+                times[name].append((time.perf_counter() - start) * 1e3)
+            except Exception as error:
+                failed[name] = _failure(error)
+    return {name: failed.get(name) or statistics.median(times[name]) for name in models}
+
+
+def _failure(error: Exception) -> str:
+    return f"fails: {type(error).__name__}: {str(error)[:160]}"
 
 
 def losses(work: Work, kernelized: bool, steps: int) -> list[float]:
@@ -294,6 +315,27 @@ def losses(work: Work, kernelized: bool, steps: int) -> list[float]:
     found = [float(work.step(model, work.batch(seed))) for seed in range(steps)]
     del model
     return found
+
+
+def built(
+    work: Work, device: str, variants: list[tuple[str, bool, bool, bool]], row: dict[str, Any]
+) -> dict[str, torch.nn.Module]:
+    """Each variant's model, built side by side and warmed up, its peak memory (beyond the
+    models built before it) and kernelize's report written into `row`, or why it failed."""
+    models: dict[str, torch.nn.Module] = {}
+    for name, kernelized, compiled, attend in variants:
+        before = _allocated_gib(device)
+        try:
+            model, report = contender(work, kernelized, compiled, attend)
+            warm_up(work, model, device)
+            peak = _peak_gib(device)
+            row[f"{name} GiB"] = None if peak is None else peak - before
+            models[name] = model
+            if report:
+                row["kernelize"] = report
+        except Exception as error:  # a failure is a figure too: report it, go on
+            row[f"{name} ms"] = _failure(error)
+    return models
 
 
 def measure(
@@ -306,17 +348,11 @@ def measure(
         variants += [("compiled", False, True, False), ("compiled+kernelized", True, True, False)]
     if attention and work.model == "llama":
         variants.append(("tileops attention", False, False, True))
-    for name, kernelized, compiled, attend in variants:
-        _release(device)
-        try:
-            model, report = contender(work, kernelized, compiled, attend)
-            row[f"{name} ms"] = time_steps(work, model, device, steps)
-            row[f"{name} GiB"] = _peak_gib(device)
-            if report:
-                row["kernelize"] = report
-            del model
-        except Exception as error:  # a failure is a figure too: report it, go on
-            row[f"{name} ms"] = f"fails: {type(error).__name__}: {str(error)[:160]}"
+    _release(device)
+    models = built(work, device, variants, row)
+    for name, ms in time_in_turns(work, models, device, steps).items():
+        row[f"{name} ms"] = ms
+    del models
     if work.training:
         _release(device)
         try:
@@ -325,7 +361,7 @@ def measure(
             row["loss max rel diff"] = worst
             row["losses agree"] = worst <= BF16_LOSS_RTOL
         except Exception as error:
-            row["losses agree"] = f"fails: {type(error).__name__}: {str(error)[:160]}"
+            row["losses agree"] = _failure(error)
     return row
 
 
@@ -335,6 +371,14 @@ def _release(device: str) -> None:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         torch._dynamo.reset()
+
+
+def _allocated_gib(device: str) -> float | None:
+    """GiB allocated now, the peak statistic reset to it."""
+    if not device.startswith("cuda"):
+        return None
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated() / 2**30
 
 
 def _peak_gib(device: str) -> float | None:
