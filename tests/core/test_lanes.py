@@ -175,9 +175,11 @@ def test_inputs_left_out_beside_contiguity_keyed_ones_keep_keys_of_their_own():
     calls.append((strided, None, None, *stats))
     keys = [signature._layout_key(call) for call in calls]
     assert len(set(keys)) == 4
-    for call, key in zip(calls, keys, strict=True):  # the facts of those given, then which
-        given = sum(v is not None for v in call)
-        assert key[given : given + len(call)] == tuple(v is not None for v in call)
+    keyed = len(signature._keyed_at)
+    for call, key in zip(calls, keys, strict=True):  # per input None or its facts, then flags
+        assert len(key) == len(call) + keyed
+        assert [facts is None for facts in key[: len(call)]] == [v is None for v in call]
+        assert all(type(flag) is bool for flag in key[len(call) :])
 
 
 def test_glu_and_rotary_calls_of_a_seen_layout_run_their_kernel_without_forward(monkeypatch):

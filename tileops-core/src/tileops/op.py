@@ -256,12 +256,31 @@ class Op:
             checked = self.check_uncast(tensors)  # before autocast probes or casts anything
             return self._autocast_eagerly(tensors, checked)
         plan = self.__dict__.get("_shape_plan") or self._make_shape_plan()
-        call = signature.bind(type(self).op_name, args, kwargs, plan)
+        values = signature.parse(type(self).op_name, args, kwargs)
+        key, known = signature.known(values, plan)
+        builtin = self._settled is BUILTIN and not self._checks  # no checks, no target
+        if builtin and known is not None:  # the common case: a seen layout
+            out = self._lane_call(known, values)
+            if out is not None:
+                return out
+        call = signature.bound(type(self).op_name, values, key, known, plan)
         if call.requires_grad and operator and _is_grad_enabled():
             return self._autograd_eagerly(call)
-        if self._settled is BUILTIN and not self._checks and not call.written_empty:
-            return self._builtin(call)  # the common case: no checks, no target
+        if builtin and not call.written_empty:
+            return self._builtin(call)
         return self._execute(call)
+
+    def _lane_call(self, verdict: tuple, values: tuple) -> Any:
+        """What the plain lane of a seen layout returns for `values`, without building their
+        `BoundCall` (`verdict` is its fields after the tensors); None where the call needs the
+        op's own path: a gradient, only empty outputs, no lane, or other strides."""
+        _, _, written_empty, requires_grad, lane = verdict
+        held = lane[0]
+        if held is None or held[0] is not self._hits or held[1] is None or written_empty:
+            return None
+        if requires_grad and _is_grad_enabled():
+            return None
+        return held[1](*values)
 
     def _builtin(self, call: BoundCall) -> Any:
         """The op's own kernels on a checked call: its layout's lane, else `forward` (and the

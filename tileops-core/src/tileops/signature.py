@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import partial
-from operator import attrgetter, is_not, methodcaller
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import torch
@@ -107,8 +106,6 @@ class Output:
 
 tensor_facts = attrgetter("shape", "dtype", "device", "layout", "requires_grad")
 """What a layout key holds of each tensor (read in C by one attrgetter)."""
-_is_contiguous = methodcaller("is_contiguous")
-_given = partial(is_not, None)
 _new_bound_call = tuple.__new__  # skips the named tuple's Python-level __new__ on the hot path
 
 
@@ -204,12 +201,23 @@ class Signature:
         self, op: str, args: tuple[Any, ...], kwargs: Mapping[str, Any], plan: ShapePlan
     ) -> BoundCall:
         """Parse `op(*args, **kwargs)` and run every check; errors name the argument."""
-        values = self._parse(op, args, kwargs)
+        values = self.parse(op, args, kwargs)
+        return self.bound(op, values, *self.known(values, plan), plan)
+
+    def known(self, values: tuple, plan: ShapePlan) -> tuple[tuple | None, tuple | None]:
+        """(the layout key of parsed `values`, the verdict remembered for it or None); the key
+        is None where an input is no dense tensor (`bound`'s checks then say which)."""
         try:
             key = self._layout_key(values)
-            known = plan.verdicts.get(key)
-        except (AttributeError, RuntimeError):  # not a dense tensor: the checks below say which
-            key, known = None, None
+            return key, plan.verdicts.get(key)
+        except (AttributeError, RuntimeError):
+            return None, None
+
+    def bound(
+        self, op: str, values: tuple, key: tuple | None, known: tuple | None, plan: ShapePlan
+    ) -> BoundCall:
+        """The call of parsed `values`: from the layout's verdict `known`, else checked (and
+        the verdict remembered under `key`)."""
         if known is not None:
             return _new_bound_call(BoundCall, (values, *known))
         device = self._check_tensors(op, values)
@@ -230,11 +238,11 @@ class Signature:
         or its shape, dtype, device, layout and requires_grad, read in C by one attrgetter; for
         an input written in place or whose strides select the kernel, also whether it is
         contiguous."""
-        try:  # inputs left out (None) are skipped, and said where
-            facts = (*map(tensor_facts, filter(_given, values)), *map(_given, values))
+        try:
+            facts = tuple([None if v is None else tensor_facts(v) for v in values])
             if not self._keyed_at:
                 return facts
-            return (*facts, *map(_is_contiguous, map(values.__getitem__, self._keyed_at)))
+            return (*facts, *[values[k].is_contiguous() for k in self._keyed_at])
         except AttributeError:  # not a tensor, or a keyed input left out
             pass
         facts = tensor_facts
@@ -245,9 +253,6 @@ class Signature:
 
     def parse(self, op: str, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
         """The call's inputs in signature order (None for those not passed), unchecked."""
-        return self._parse(op, args, kwargs)
-
-    def _parse(self, op: str, args: tuple, kwargs: Mapping[str, Any]) -> tuple:
         absent = len(self.inputs) - len(args)
         if not kwargs and absent >= 0:  # inputs by position, trailing optional ones left out
             return (*args, *((None,) * absent)) if absent else args
