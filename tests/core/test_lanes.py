@@ -122,6 +122,30 @@ def test_a_call_needing_a_gradient_runs_the_lane_inside_its_autograd_node(
         assert torch.autograd.gradcheck(lambda x: op(x, w), (x,))
 
 
+def test_a_seen_layouts_plain_call_reaches_its_lane_without_building_the_call(monkeypatch):
+    """Parameters that require grad, called without grad (inference), take the lane too; with
+    grad on, the call is built and runs as one autograd node."""
+    from tileops.signature import Signature
+
+    op = RMSNormFwdOp(8)
+    w = torch.randn(8, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(2, 8, dtype=torch.float64)
+    with torch.no_grad():
+        op(x, w), op(x, w)
+    built, bound = [], Signature.bound
+    monkeypatch.setattr(
+        Signature, "bound", lambda self, *args: built.append(args) or bound(self, *args)
+    )
+    forwards = _refusing_forward(monkeypatch, RMSNormFwdOp)
+    with torch.no_grad():
+        y = op(x, w)
+    torch.testing.assert_close(y, torch.rms_norm(x, (8,), w))
+    assert built == [] and forwards == []
+    assert op(x, w).grad_fn is not None and len(built) == 1
+    op(x, None)  # a new layout: built and checked
+    assert len(built) == 2
+
+
 def test_a_backward_call_spec_is_built_once_per_combination_of_its_facts():
     from tileops.backward import backward_call
 
