@@ -136,6 +136,33 @@ def fused_calls(device: str, calls: int) -> list[str]:
     return lines
 
 
+def mlp_parts(model: torch.nn.Module, device: str, calls: int) -> list[str]:
+    """Host and loop µs of the kernelized gated MLP of layer 0, and of the same product with
+    its parts taken from torch one at a time: which part costs more inside the MLP than alone."""
+    from tileops.nn import glu
+
+    mlp = model.get_submodule("model.layers.0.mlp")
+    wg, wu, wd = (mlp.get_submodule(n).weight for n in ("gate_proj", "up_proj", "down_proj"))
+    x = torch.randn(1, 1, wg.shape[1], device=device, dtype=wg.dtype)
+    cases: dict[str, Callable[[], Any]] = {
+        "the module": lambda: mlp(x),
+        "tnn.Linear x3, tileops glu": lambda: mlp.down_proj(glu(mlp.gate_proj(x), mlp.up_proj(x))),
+        "tnn.Linear x3, torch silu * up": lambda: mlp.down_proj(
+            F.silu(mlp.gate_proj(x)) * mlp.up_proj(x)
+        ),
+        "F.linear x3, tileops glu": lambda: F.linear(glu(F.linear(x, wg), F.linear(x, wu)), wd),
+        "F.linear x3, torch silu * up": lambda: F.linear(
+            F.silu(F.linear(x, wg)) * F.linear(x, wu), wd
+        ),
+        "tileops glu alone": lambda: glu(x, x),
+    }
+    lines = ["| gated MLP, layer 0 | host µs | loop µs |", "|---|---|---|"]
+    for name, fn in cases.items():
+        host, loop = host_and_loop_us(fn, calls)
+        lines.append(f"| {name} | {host:.1f} | {loop:.1f} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--forwards", type=int, default=5)
@@ -168,6 +195,7 @@ def main() -> None:
                 lines += [f"Triton launches per forward ({args.forwards} forwards):", ""]
                 lines += [f"- {k}: {v / args.forwards:g}" for k, v in sorted(counts.items())]
                 lines += [""]
+                lines += mlp_parts(model, device, args.calls // 4) + [""]
             del model, cache, forward
         lines += ["## Fused calls alone", ""] + fused_calls(device, args.calls)
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu_dev"
