@@ -4,7 +4,8 @@ LayerNorm, RMSNorm and Softmax against eager, torch.compile and Liger-Kernel.
 For each op, dtype and row length N (M * N = 2**26 elements) it times, as medians with the L2
 cleared before every repetition (`triton.testing.do_bench`): a device-to-device copy moving the
 pass's model bytes; for each contender the forward with the backward (dx, and dweight/dbias for
-the norms, from a fixed dy) and the backward alone (on a graph kept from one forward). Model
+the norms, from a fixed dy) and the backward alone (on a graph kept from one forward), and the
+backward's GPU kernel time alone (profiler), which leaves the host's launch path out. Model
 bytes: forward x read, y written, params read; backward x (softmax: y) and dy read, dx written,
 params read and their gradients written. The backward kernel tileops selects is named. ATen's
 norms are denied (`TILEOPS_DENY`, unless set), so tileops' figures are its own kernels': an
@@ -34,6 +35,7 @@ import torch
 from _harness.copies import copy_moving
 from _harness.ops import DTYPES, ELEMENTS, EPS, row_op_setup
 from _harness.provenance import result_path, results_dir, run_stamp
+from _harness.timing import kernel_us
 
 import tileops
 from tileops.backward import backward_call
@@ -112,7 +114,7 @@ def measure(op: str, dtype: torch.dtype, n: int) -> dict[str, Any]:
     record: dict[str, Any] = {"op": op, "dtype": str(dtype)[6:], "n": n, "rows": ELEMENTS // n,
                               "bytes": {"both": forward + backward, "backward": backward},
                               "served_by": served_by(tile_op, args, dy), "ms": {}, "failed": {},
-                              "rel_err": {}}  # fmt: skip
+                              "rel_err": {}, "kernel_us": {}}  # fmt: skip
     want = training_pass(fns["eager"], args, dy)()[0].float()
     for name, fn in fns.items():
         try:
@@ -124,30 +126,53 @@ def measure(op: str, dtype: torch.dtype, n: int) -> dict[str, Any]:
         record["rel_err"][name] = float((got - want).norm() / want.norm().clamp_min(1e-30))
         record["ms"][name] = {kind: do_bench(f, warmup=10, rep=60, return_mode="median")
                               for kind, f in (("both", both), ("backward", alone))}  # fmt: skip
+        record["kernel_us"][name] = _kernel_us(alone)
     for kind, nbytes in record["bytes"].items():
         record["ms"].setdefault("copy", {})[kind] = do_bench(
             copy_moving(nbytes), warmup=10, rep=60, return_mode="median"
         )
+    record["kernel_us"]["copy"] = _kernel_us(copy_moving(backward))
     return record
+
+
+def _kernel_us(fn: Callable[[], Any]) -> float | None:
+    """The GPU kernel time of one call of `fn` (the profiler's, L2 cleared before each): the
+    kernels' bandwidth with the host's launch path left out; None where its calls launch
+    varying numbers of kernels."""
+    try:
+        return kernel_us(fn, calls=20)
+    except RuntimeError:
+        return None
 
 
 def pct_copy(record: dict, name: str, kind: str) -> float:
     return 100 * record["ms"]["copy"][kind] / record["ms"][name][kind]
 
 
+def kernel_pct_copy(record: dict, name: str) -> str:
+    """The backward's kernels' share of copy speed (kernel time against the copy's), or -."""
+    times = record.get("kernel_us", {})
+    if times.get(name) is None or times.get("copy") is None:
+        return "-"
+    return f"{100 * times['copy'] / times[name]:.0f}"
+
+
 def markdown(results: list[dict], stamp: dict) -> str:
     head = " | ".join(f"{p} fwd+bwd ms" for p in PEERS)
     pct = " | ".join(f"{p} bwd % copy" for p in PEERS)
+    kernels = " | ".join(f"{p} bwd kernels % copy" for p in PEERS)
     lines = [
         f"# Forward + backward of the row-wise ops on {stamp['device']}",
         "",
         f"{stamp['date']}, commit {stamp['commit']}, torch {stamp['torch']}. M*N = 2^26; "
         "medians with L2 cleared; % copy: a same-run copy of the pass's model bytes "
-        "(backward: x or y and dy read, dx written, params read, their gradients written).",
+        "(backward: x or y and dy read, dx written, params read, their gradients written). "
+        "bwd kernels % copy: the backward's GPU kernel time (profiler, L2 cleared) against the "
+        "copy kernel's, the host's launch path left out.",
         "",
-        f"| op | dtype | N | backward served by | copy GB/s (bwd) | {head} | {pct} | "
+        f"| op | dtype | N | backward served by | copy GB/s (bwd) | {head} | {pct} | {kernels} | "
         "fwd+bwd vs best peer |",
-        "|---|---|---|---|---|" + "---|" * (2 * len(PEERS) + 1),
+        "|---|---|---|---|---|" + "---|" * (3 * len(PEERS) + 1),
     ]
     for r in results:
         ms = r["ms"]
@@ -155,11 +180,13 @@ def markdown(results: list[dict], stamp: dict) -> str:
         times = " | ".join(f"{ms[p]['both']:.3f}" if p in ms else "-" for p in PEERS)
         shares = " | ".join(f"{pct_copy(r, p, 'backward'):.0f}" if p in ms else "-"
                             for p in PEERS)  # fmt: skip
+        kernel_shares = " | ".join(kernel_pct_copy(r, p) for p in PEERS)
         peers = [ms[p]["both"] for p in PEERS[1:] if p in ms]
         versus = f"{min(peers) / ms['tileops']['both']:.2f}x" if "tileops" in ms and peers else "-"
         label = f"{r['n'] // 1024}K" if r["n"] >= 1024 else str(r["n"])
         lines.append(f"| {r['op']} | {r['dtype']} | {label} | {r['served_by']} | "
-                     f"{copy_gbps:.0f} | {times} | {shares} | {versus} |")  # fmt: skip
+                     f"{copy_gbps:.0f} | {times} | {shares} | {kernel_shares} | "
+                     f"{versus} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
