@@ -163,6 +163,25 @@ def mlp_parts(model: torch.nn.Module, device: str, calls: int) -> list[str]:
     return lines
 
 
+def attention_parts(model: torch.nn.Module, inputs: dict, calls: int) -> list[str]:
+    """Host and loop µs of layer 0's kernelized attention (tileops' rotary, without the
+    cache) against its class's own forward on the same modules (transformers' rotary)."""
+    attention = model.get_submodule("model.layers.0.self_attn")
+    given, kwargs = inputs["model.layers.0.self_attn"]
+    own_forward = attention.torch_type.forward
+    cases = {
+        "the module (tileops rotary)": lambda: attention(*given, **kwargs),
+        "its class's forward (transformers' rotary)": lambda: own_forward(
+            attention, *given, **kwargs
+        ),
+    }
+    lines = ["| attention, layer 0 | host µs | loop µs |", "|---|---|---|"]
+    for name, fn in cases.items():
+        host, loop = host_and_loop_us(fn, calls)
+        lines.append(f"| {name} | {host:.1f} | {loop:.1f} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--forwards", type=int, default=5)
@@ -177,7 +196,7 @@ def main() -> None:
     with torch.inference_mode():
         for name, kernelized in (("eager", False), ("kernelized", True)):
             model, _ = contender(work, kernelized, compiled=False)
-            _, cache = recorded_inputs(model, work.batch(0))
+            inputs, cache = recorded_inputs(model, work.batch(0))
             forward = decode_forward(model, work.batch(0), cache)
             for _ in range(3):
                 forward()
@@ -196,7 +215,8 @@ def main() -> None:
                 lines += [f"- {k}: {v / args.forwards:g}" for k, v in sorted(counts.items())]
                 lines += [""]
                 lines += mlp_parts(model, device, args.calls // 4) + [""]
-            del model, cache, forward
+                lines += attention_parts(model, inputs, args.calls // 4) + [""]
+            del model, cache, forward, inputs
         lines += ["## Fused calls alone", ""] + fused_calls(device, args.calls)
     device_name = torch.cuda.get_device_name() if device == "cuda" else "cpu_dev"
     write_markdown(args.out, "decode_launches", device_name, lines)
