@@ -101,6 +101,15 @@ def api_calls(forward: Callable[[], Any], forwards: int) -> list[str]:
     ]
 
 
+def host_and_loop_table(title: str, cases: dict[str, Callable[[], Any]], calls: int) -> list[str]:
+    """A table of each case's host and loop µs per call (`host_and_loop_us`)."""
+    lines = [f"| {title} | host µs | loop µs |", "|---|---|---|"]
+    for name, fn in cases.items():
+        host, loop = host_and_loop_us(fn, calls)
+        lines.append(f"| {name} | {host:.1f} | {loop:.1f} |")
+    return lines
+
+
 def fused_calls(device: str, calls: int) -> list[str]:
     """Host and loop µs of the decode shapes' fused calls beside the eager code they replace."""
     from transformers.models.llama import modeling_llama
@@ -129,11 +138,7 @@ def fused_calls(device: str, calls: int) -> list[str]:
             q, k, cos, sin, q_out, k_out
         )
         cases["torch.empty_like (a floor)"] = lambda: torch.empty_like(out)
-    lines = ["| call | host µs | loop µs |", "|---|---|---|"]
-    for name, fn in cases.items():
-        host, loop = host_and_loop_us(fn, calls)
-        lines.append(f"| {name} | {host:.1f} | {loop:.1f} |")
-    return lines
+    return host_and_loop_table("call", cases, calls)
 
 
 def mlp_parts(model: torch.nn.Module, device: str, calls: int) -> list[str]:
@@ -156,11 +161,7 @@ def mlp_parts(model: torch.nn.Module, device: str, calls: int) -> list[str]:
         ),
         "tileops glu alone": lambda: glu(x, x),
     }
-    lines = ["| gated MLP, layer 0 | host µs | loop µs |", "|---|---|---|"]
-    for name, fn in cases.items():
-        host, loop = host_and_loop_us(fn, calls)
-        lines.append(f"| {name} | {host:.1f} | {loop:.1f} |")
-    return lines
+    return host_and_loop_table("gated MLP, layer 0", cases, calls)
 
 
 def attention_parts(model: torch.nn.Module, inputs: dict, calls: int) -> list[str]:
@@ -175,11 +176,7 @@ def attention_parts(model: torch.nn.Module, inputs: dict, calls: int) -> list[st
             attention, *given, **kwargs
         ),
     }
-    lines = ["| attention, layer 0 | host µs | loop µs |", "|---|---|---|"]
-    for name, fn in cases.items():
-        host, loop = host_and_loop_us(fn, calls)
-        lines.append(f"| {name} | {host:.1f} | {loop:.1f} |")
-    return lines
+    return host_and_loop_table("attention, layer 0", cases, calls)
 
 
 def main() -> None:
