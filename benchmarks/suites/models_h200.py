@@ -17,8 +17,9 @@ prefill) also for `torch.compile` of eager and of kernelized; with `--attention`
 with its attention alone through tileops (`attn_implementation="tileops"`, against the SDPA
 default that eager runs). The contenders are built side by side, each warmed up alone with
 its peak memory (its weights included), then timed in turns, one step each per round: a
-host-bound step (decode) follows the host's speed, which drifts during a run. Training works also run 20 steps of eager and of kernelized on the same
-batches and report the largest loss difference against the bfloat16 tolerance.
+host-bound step (decode) follows the host's speed, which drifts during a run. Training works
+also run 20 steps of eager and of kernelized on the same batches and report the largest loss
+difference against the bfloat16 tolerance.
 
     python benchmarks/suites/models_h200.py [--models llama,resnet50,encoder]
         [--works train,prefill,decode,eval] [--compile-works prefill] [--attention]
