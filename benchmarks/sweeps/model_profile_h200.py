@@ -8,7 +8,9 @@ and how much of that it starved (waited for the host's next launch); and from on
 recorded with Python stacks, which functions were running while it starved.
 
     python benchmarks/sweeps/model_profile_h200.py --models resnet50,encoder --works train
-        [--top 25] [--out DIR]
+        [--compiled] [--top 25] [--out DIR]
+
+`--compiled` profiles `torch.compile` of eager against that of kernelized.
 
 Writes `<out>/model_profile_<device>.md`.
 """
@@ -34,12 +36,12 @@ from models_h200 import Work, contender, works
 
 
 def kernel_times(
-    work: Work, kernelized: bool, trace: Path
+    work: Work, kernelized: bool, trace: Path, compiled: bool = False
 ) -> tuple[dict[str, float], float, dict[str, float]]:
     """GPU microseconds by kernel name over one profiled step, the step's wall ms and its
     timeline summary (`timeline.starved_gaps`); then one more step with Python stacks,
-    its trace left at `trace`."""
-    model, _ = contender(work, kernelized, compiled=False)
+    its trace left at `trace`. `compiled`: the model's forward through torch.compile."""
+    model, _ = contender(work, kernelized, compiled=compiled)
     batch = work.batch(0)
     for _ in range(3):
         work.step(model, batch)
@@ -65,9 +67,9 @@ def kernel_times(
     return totals, wall, gaps
 
 
-def kernelized_host_profile(work: Work, top: int) -> str:
+def kernelized_host_profile(work: Work, top: int, compiled: bool = False) -> str:
     """cProfile of one kernelized step (after warm-up): the host functions by own time."""
-    model, _ = contender(work, True, compiled=False)
+    model, _ = contender(work, True, compiled=compiled)
     batch = work.batch(0)
     for _ in range(3):
         work.step(model, batch)
@@ -78,13 +80,14 @@ def kernelized_host_profile(work: Work, top: int) -> str:
     return found
 
 
-def report(work: Work, top: int, traces: Path) -> list[str]:
-    stem = f"{work.model}_{work.work}".replace(" ", "_")
-    eager, eager_wall, eager_gaps = kernel_times(work, False, traces / f"{stem}_eager.json")
+def report(work: Work, top: int, traces: Path, compiled: bool = False) -> list[str]:
+    stem = f"{work.model}_{work.work}".replace(" ", "_") + ("_compiled" if compiled else "")
+    eager_trace = traces / f"{stem}_eager.json"
+    eager, eager_wall, eager_gaps = kernel_times(work, False, eager_trace, compiled)
     ours_trace = traces / f"{stem}_kernelized.json"
-    ours, ours_wall, ours_gaps = kernel_times(work, True, ours_trace)
+    ours, ours_wall, ours_gaps = kernel_times(work, True, ours_trace, compiled)
     lines = [
-        f"## {work.model} {work.work}",
+        f"## {work.model} {work.work}" + (" (both through torch.compile)" if compiled else ""),
         "",
         f"step wall ms (profiled): eager {eager_wall:.2f}, kernelized {ours_wall:.2f}; "
         f"GPU kernel ms: eager {sum(eager.values()) / 1e3:.2f}, "
@@ -114,7 +117,7 @@ def report(work: Work, top: int, traces: Path) -> list[str]:
         a, b = eager.get(name, 0.0), ours.get(name, 0.0)
         lines.append(f"| `{name}` | {a:.0f} | {b:.0f} | {b - a:+.0f} |")
     lines += ["", "Host functions of one kernelized step (cProfile, by own time):", "", "```"]
-    return [*lines, kernelized_host_profile(work, top), "```", ""]
+    return [*lines, kernelized_host_profile(work, top, compiled), "```", ""]
 
 
 def main() -> None:
@@ -124,6 +127,9 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--out", default=str(results_dir("models")))
     parser.add_argument("--traces", default=None, help="keep the chrome traces here")
+    parser.add_argument(
+        "--compiled", action="store_true", help="torch.compile of eager against of kernelized"
+    )
     args = parser.parse_args()
     traces = Path(args.traces or tempfile.mkdtemp())
     traces.mkdir(parents=True, exist_ok=True)
@@ -133,7 +139,7 @@ def main() -> None:
     path = result_path(args.out, "model_profile", torch.cuda.get_device_name(), ".md")
     for work in works("cuda", tiny=False):
         if work.model in args.models.split(",") and any(w in work.work for w in wanted):
-            lines += report(work, args.top, traces)
+            lines += report(work, args.top, traces, args.compiled)
             path.write_text("\n".join(lines) + "\n")  # each work as it ends
             print(f"{work.model} {work.work}: done", flush=True)
 
