@@ -191,10 +191,10 @@ def host_profile(fn: Callable[[], Any], calls: int, top: int, orders=("tottime",
     text = io.StringIO()
     for order in orders:
         pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(top)
-    return _relative_paths(text.getvalue().strip())
+    return relative_paths(text.getvalue().strip())
 
 
-def _relative_paths(text: str) -> str:
+def relative_paths(text: str) -> str:
     """Source paths as the project and the packages name them: no folders of the machine (the
     project root and every import path, the longest first, are cut off)."""
     roots = {str(Path(__file__).resolve().parents[2]), *(p for p in sys.path if p)}

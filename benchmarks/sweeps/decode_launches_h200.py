@@ -27,8 +27,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 import torch.nn.functional as F
 from _harness.provenance import results_dir, run_stamp, write_markdown
+from _harness.timing import relative_paths
 from decode_modules_h200 import decode_forward, host_and_loop_us, recorded_inputs
 from models_h200 import contender, works
+
+SYNC_MODE_NOTICE = "Synchronization debug mode is a prototype feature"
+"""The notice torch warns with when the mode is set, which is no synchronization."""
 
 
 def synchronizations(forward: Callable[[], Any]) -> list[str]:
@@ -40,15 +44,18 @@ def synchronizations(forward: Callable[[], Any]) -> list[str]:
             forward()
         finally:
             torch.cuda.set_sync_debug_mode("default")
+    caught = [w for w in caught if not str(w.message).startswith(SYNC_MODE_NOTICE)]
     lines = [f"{len(caught)} synchronizing call(s)"]
-    lines += sorted({f"- {w.filename}:{w.lineno}: {str(w.message)[:120]}" for w in caught})
+    lines += sorted(
+        {relative_paths(f"- {w.filename}:{w.lineno}: {str(w.message)[:120]}") for w in caught}
+    )
     if caught:
         torch.cuda.set_sync_debug_mode("error")
         try:
             forward()
         except RuntimeError:
             lines += ["", "The first, where it was called:", "```"]
-            lines += traceback.format_exc(limit=-14).splitlines()
+            lines += relative_paths(traceback.format_exc(limit=-14)).splitlines()
             lines += ["```"]
         finally:
             torch.cuda.set_sync_debug_mode("default")
