@@ -1,7 +1,8 @@
 """What one kernelized Llama decode forward (batch 1, cache 256) launches, and whether any of
 it waits for the GPU: the host's synchronizations (torch's sync debug mode), Triton launches
 that took Triton's own path rather than `launching.launch`'s direct one, the CUDA API calls
-per forward (profiler), and the host µs of the fused calls beside their eager code.
+per forward (profiler); the host µs of layer 0's gated MLP and attention with their parts
+swapped for torch's one at a time, and of the fused calls alone beside their eager code.
 
     python benchmarks/sweeps/decode_launches_h200.py [--forwards 5] [--out DIR] [--tiny]
 
