@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "suites"))
 import torch
 from _harness.provenance import results_dir, run_stamp, write_markdown
 from _harness.timing import host_profile
-from models_h200 import contender, works
+from models_h200 import contender, time_in_turns, works
 
 MODULES = (
     "model.layers.0.input_layernorm",
@@ -109,21 +109,6 @@ def decode_forward(model: torch.nn.Module, ids: torch.Tensor, cache: Any) -> Cal
     return run
 
 
-def interleaved_steps(work: Any, models: dict[str, torch.nn.Module], rounds: int) -> dict:
-    """Median ms of the work's step per model, the models taking turns each round, so a drift
-    in the host's speed hits each alike."""
-    ids = work.batch(0)
-    times: dict[str, list[float]] = {name: [] for name in models}
-    for _ in range(rounds):
-        for name, model in models.items():
-            _sync()
-            start = time.perf_counter()
-            work.step(model, ids)
-            _sync()
-            times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=50)
@@ -152,7 +137,10 @@ def main() -> None:
             forwards[name] = (model, forward)
         profiles = {n: host_profile(f, 20, args.top) for n, (_, f) in forwards.items()}
     models = {name: model for name, (model, _) in forwards.items()}
-    steps = interleaved_steps(work, models, args.steps)
+    steps = time_in_turns(work, models, device, args.steps)
+    failed = {name: ms for name, ms in steps.items() if isinstance(ms, str)}
+    if failed:
+        raise RuntimeError(f"the generate step failed: {failed}")
     profiles |= {
         f"{name} generate step": host_profile(
             functools.partial(work.step, model, work.batch(0)), 1, args.top

@@ -33,7 +33,7 @@ import torch
 from _harness import timeline
 from _harness.provenance import result_path, results_dir, run_stamp
 from _harness.timing import host_profile
-from models_h200 import Work, contender, works
+from models_h200 import Work, contender, warm_up, works
 
 
 def kernel_times(
@@ -44,9 +44,7 @@ def kernel_times(
     its trace left at `trace`. `compiled`: the model's forward through torch.compile."""
     model, _ = contender(work, kernelized, compiled=compiled)
     batch = work.batch(0)
-    for _ in range(3):
-        work.step(model, batch)
-    torch.cuda.synchronize()
+    warm_up(work, model, "cuda")
     activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=activities) as prof:
         start = time.perf_counter()
@@ -72,9 +70,7 @@ def kernelized_host_profile(work: Work, top: int) -> str:
     """cProfile of one kernelized step (after warm-up): the host functions by own time."""
     model, _ = contender(work, True, compiled=False)
     batch = work.batch(0)
-    for _ in range(3):
-        work.step(model, batch)
-    torch.cuda.synchronize()
+    warm_up(work, model, "cuda")
     found = host_profile(functools.partial(work.step, model, batch), 1, top)
     del model
     torch.cuda.empty_cache()
