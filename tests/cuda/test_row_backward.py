@@ -108,6 +108,22 @@ def test_the_region_grows_when_no_parameter_gradient_is_needed(backward_only):
         assert RMSNormFwdOp(8).key_for("backward", dx_only) == bk.BACKWARD_KEY
 
 
+def test_norms_stage_two_rows_where_shared_memory_allows_and_one_where_not():
+    """x and dy of the next row copy in while this one computes (two stages); a row whose two
+    stages would pass the block's shared memory keeps one."""
+    budget = H100["smem_budget"]
+    bf16 = bk.backward_plan(4096, torch.bfloat16, 3, 132, budget)
+    assert bf16.stages == 2 and bf16.blocks_per_sm == 2 and bf16.programs == 264
+    wide = bk.backward_plan(16384, torch.float32, 2, 132, budget)  # 2 x 128 KiB per stage
+    assert wide.stages == 1 and wide.blocks_per_sm == 1
+    assert bk.backward_plan(4096, torch.bfloat16, 2, 132).stages == 0  # softmax: no staging
+
+
+def test_short_rows_keep_at_most_the_resident_block_limit():
+    plan = bk.backward_plan(7, torch.float32, 3, 132, H100["smem_budget"])
+    assert plan.lanes == 32 and plan.blocks_per_sm == 32 and plan.programs == 32 * 132
+
+
 REFUSALS = {
     "float64": ({"dtype": torch.float64}, "torch.float64 is not served"),
     "empty_rows": ({"n": 0}, "rows of length 0"),
@@ -168,6 +184,19 @@ def test_kernel_compiles_to_cubin(case, arch, tilelang_cache):
     assert identity[0] == arch
     assert kernel.compiled.target.attrs["arch"] == f"sm_{arch}"
     assert "__global__" in kernel.compiled.get_kernel_source()
+
+
+def test_norm_backward_copies_the_next_row_while_this_one_computes(tilelang_cache):
+    """cp.async into the other stage, then a wait that leaves that copy in flight; the
+    launch bounds hold the plan's residency."""
+    call = _call(RMSNormFwdOp, 4096, torch.bfloat16)
+    with simulate_device(CUDA, arch=90, sm_count=132, smem_budget=SMEM_BUDGET[90]):
+        kernel = bk.TileLangRMSNormBackward.entry_for(call)[1]()
+    source = kernel.compiled.get_kernel_source()
+    assert "__launch_bounds__(512, 2)" in source
+    assert source.count("cp_async_gs<16>") == 4  # x and dy: the first row, then the next
+    assert "cp_async_wait<1>" in source
+    assert source.count("__syncthreads()") == 3  # two reductions, the row's end: no others
 
 
 # -- GPU numerics -----------------------------------------------------------------------------

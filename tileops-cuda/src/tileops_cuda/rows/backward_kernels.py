@@ -33,28 +33,47 @@ from .._common.arith import (
     vector_width,
 )
 from .._common.compile import Launch, build_program
-from .._common.lanes import REGISTER_FILE, THREADS_PER_SM
+from .._common.lanes import (
+    BLOCKS_PER_SM,
+    REDUCE_SCRATCH_BYTES,
+    REGISTER_FILE,
+    THREADS_PER_SM,
+)
 from .._common.operands import aligned, all_aligned, as_rows
 from .backward_program import BackwardPlan, norm_backward_program, softmax_backward_program
 
 BACKWARD_KEY = "tilelang_row_backward"
 OVERHEAD_REGISTERS = 32  # addresses, loop state, the reductions: provisional (TUNING.md#backward)
 MAX_REGISTERS = 255  # per thread
+# The norms' program places every barrier it needs itself: TileLang's would add one per row
+# after the cp.async wait, where each lane reads only the vectors it copied (backward_program).
+OWN_BARRIERS = {"tl.disable_thread_storage_sync": True}
 EMPTY_ROWS = "rows of length 0 have no gradient to compute; the reference serves them"
 
 
-def backward_plan(n: int, dtype: torch.dtype, arrays: int, sm_count: int) -> BackwardPlan | None:
+def backward_plan(
+    n: int, dtype: torch.dtype, arrays: int, sm_count: int, smem_budget: int | None = None
+) -> BackwardPlan | None:
     """The row over one block's lanes, `arrays` float32 values per element held per lane; None
     when the block's registers cannot hold them. `programs`: the norms' persistent grid, as
-    many blocks as the multiprocessors keep resident."""
+    many blocks as the multiprocessors keep resident. With `smem_budget` (the norms) x and dy
+    are staged through shared memory, two rows deep where the budget allows, one otherwise."""
     vec = vector_width(n, dtype)
     lanes = min(MAX_THREADS, max(WARP, pow2_ceil(ceil_div(n, vec))))
     chunks = ceil_div(n, lanes * vec)
     registers = arrays * chunks * vec + OVERHEAD_REGISTERS
     if registers > MAX_REGISTERS or lanes * registers > REGISTER_FILE:
         return None
-    resident = min(REGISTER_FILE // (lanes * registers), THREADS_PER_SM[90] // lanes)
-    return BackwardPlan(lanes, vec, chunks, max(sm_count, 1) * max(resident, 1))
+    resident = min(REGISTER_FILE // (lanes * registers), THREADS_PER_SM[90] // lanes, BLOCKS_PER_SM)
+    stages = 0
+    if smem_budget is not None:
+        row_bytes = 2 * lanes * chunks * vec * ITEMSIZE[dtype]  # x and dy
+        stages = 2 if 2 * row_bytes + REDUCE_SCRATCH_BYTES <= smem_budget else 1
+        if row_bytes + REDUCE_SCRATCH_BYTES > smem_budget:
+            return None
+        resident = min(resident, smem_budget // (stages * row_bytes + REDUCE_SCRATCH_BYTES))
+    resident = max(resident, 1)
+    return BackwardPlan(lanes, vec, chunks, max(sm_count, 1) * resident, resident, stages)
 
 
 class TileLangRowsBackward(Kernel):
@@ -74,14 +93,17 @@ class TileLangRowsBackward(Kernel):
         own = cls.own_refusal(call)
         if own:
             return own
-        arrays = cls.arrays(call)
-        if backward_plan(call.n, call.dtype, arrays, 1) is None:
+        if cls.plan(call, 1) is None:
             return (
-                f"a row of {call.n} does not fit one block's registers ({arrays} float32 "
-                "values per element: the row, dy and the parameter partials); Triton's looped "
-                "kernel or the reference serves it"
+                f"a row of {call.n} does not fit one block's registers ({cls.arrays(call)} "
+                "float32 values per element: the row, dy and the parameter partials); Triton's "
+                "looped kernel or the reference serves it"
             )
         return None
+
+    @classmethod
+    def plan(cls, call: Any, sm_count: int) -> BackwardPlan | None:
+        return backward_plan(call.n, call.dtype, cls.arrays(call), sm_count)
 
     @classmethod
     def own_refusal(cls, call: Any) -> str | None:
@@ -111,8 +133,14 @@ class _NormBackward(TileLangRowsBackward):
         return 2 + sum(cls.wanted(call)[1:])
 
     @classmethod
+    def plan(cls, call: Any, sm_count: int) -> BackwardPlan | None:
+        """The norms stage x and dy through shared memory (backward_program)."""
+        arrays = cls.arrays(call)
+        return backward_plan(call.n, call.dtype, arrays, sm_count, call.smem_budget)
+
+    @classmethod
     def entry_for(cls, call: Any) -> tuple[Hashable, Any]:
-        plan = backward_plan(call.n, call.dtype, cls.arrays(call), call.sm_count)
+        plan = cls.plan(call, call.sm_count)
         wanted = cls.wanted(call)
         identity = (call.arch, DTYPE_NAMES[call.dtype], call.n, call.eps, call.param_dtype,
                     call.dtypes[1] is not None, wanted, plan)  # fmt: skip
@@ -120,7 +148,8 @@ class _NormBackward(TileLangRowsBackward):
         def build() -> _NormBackward:
             program = lambda: norm_backward_program(cls.kind, plan, call, wanted)  # noqa: E731
             name = f"{cls.__name__}{identity}"
-            return cls(build_program(name, program, call.arch), plan, call.n, wanted)
+            built = build_program(name, program, call.arch, pass_configs=OWN_BARRIERS)
+            return cls(built, plan, call.n, wanted)
 
         return identity, build
 
@@ -186,7 +215,7 @@ class TileLangSoftmaxBackward(TileLangRowsBackward, SoftmaxBackwardInterface):
 
     @classmethod
     def entry_for(cls, call: Any) -> tuple[Hashable, Any]:
-        plan = backward_plan(call.n, call.dtype, 2, 1)
+        plan = cls.plan(call, 1)
         dim = dict(call.params)["dim"]
         identity = (call.arch, DTYPE_NAMES[call.dtype], call.n, dim, plan)
 

@@ -19,18 +19,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .._common.arith import DTYPE_NAMES, WARP
+from .._common.arith import DTYPE_NAMES, ITEMSIZE, WARP
+
+ITEMSIZE_BY_NAME = {name: ITEMSIZE[dtype] for dtype, name in DTYPE_NAMES.items()}
 
 
 @dataclass(frozen=True)
 class BackwardPlan:
     """`lanes` threads over one row, `chunks` vectors of `vec` elements per lane; `programs`:
-    the norms' persistent grid."""
+    the norms' persistent grid, `blocks_per_sm` of them resident per multiprocessor (the
+    launch bounds the compiler fits its registers to), `stages` rows of x and dy staged in
+    shared memory per block (2: the next row's copy overlaps this row's work)."""
 
     lanes: int
     vec: int
     chunks: int
     programs: int = 1
+    blocks_per_sm: int = 1
+    stages: int = 0
 
     @property
     def padded(self) -> int:
@@ -47,6 +53,7 @@ class NormBackwardShape:
     """The static facts of one norm backward program."""
 
     kind: str  # "layer" or "rms"
+    dtype: str  # x's and dy's, as stored
     plan: BackwardPlan
     n: int
     eps: float
@@ -60,6 +67,10 @@ class NormBackwardShape:
     def column(self, lane: Any, k: int, v: int) -> Any:
         return (k * self.plan.lanes + lane) * self.plan.vec + v
 
+    def inside(self, lane: Any, k: int) -> Any:
+        """Whether the lane's k-th vector lies in the row (vec divides n: wholly or not)."""
+        return True if self.exact else self.column(lane, k, 0) < self.n
+
 
 def norm_backward_program(kind: str, plan: BackwardPlan, call: Any, wanted: tuple) -> Any:
     """The prim_func of LayerNorm's (kind "layer") or RMSNorm's ("rms") backward over rows of
@@ -69,7 +80,8 @@ def norm_backward_program(kind: str, plan: BackwardPlan, call: Any, wanted: tupl
 
     from .._common import tiles
 
-    s = NormBackwardShape(kind, plan, call.n, call.eps, call.dtypes[1] is not None, wanted)
+    dtype = DTYPE_NAMES[call.dtype]
+    s = NormBackwardShape(kind, dtype, plan, call.n, call.eps, call.dtypes[1] is not None, wanted)
     m, n = T.dynamic("m"), call.n
     shapes, dtypes = {"X": (m, n), "DY": (m, n)}, {}
     if s.has_w:
@@ -84,21 +96,27 @@ def norm_backward_program(kind: str, plan: BackwardPlan, call: Any, wanted: tupl
     def main(X, DY, W=None, DX=None, DWP=None, DBP=None):
         body(X, DY, W, DX, DWP, DBP)
 
-    return tiles.prim_func(main, DTYPE_NAMES[call.dtype], dtypes, **shapes)
+    return tiles.prim_func(main, dtype, dtypes, **shapes)
 
 
 def _norm_body(s: NormBackwardShape, m: Any) -> Any:
-    """The persistent block: each of its rows through `_norm_row`, then its partials stored."""
+    """The persistent block: each of its rows through `_norm_row`, then its partials stored.
+    The next row's x and dy copy into shared memory (cp.async) while this row computes, so a
+    block keeps its loads in flight through its reductions (TUNING.md#backward)."""
     import tilelang.language as T
 
     plan, values = s.plan, s.plan.values
-    row_step, store_partials = _norm_row(s), _store_partials(s)
+    stage_row, read_row, row_step = _stage_row(s), _read_row(s), _norm_row(s)
+    store_partials = _store_partials(s)
 
     @T.macro
     def body(X, DY, W, DX, DWP, DBP):
         with T.Kernel(plan.programs, threads=plan.lanes) as bx:
+            T.annotate_min_blocks_per_sm(plan.blocks_per_sm)
             lane = T.get_thread_binding()
             scratch = T.alloc_shared((4, max(plan.lanes // WARP, 1)), "float32")
+            stages = plan.stages
+            staged = T.alloc_shared((stages, 2, plan.padded), s.dtype)  # x or dy, column
             x = T.alloc_local((values,), "float32")
             g = T.alloc_local((values,), "float32")
             dw = T.alloc_local((values,), "float32")
@@ -106,16 +124,75 @@ def _norm_body(s: NormBackwardShape, m: Any) -> Any:
             for i in T.unroll(values):
                 dw[i] = 0.0
                 db[i] = 0.0
+            for ahead in T.unroll(stages - 1):  # the rows in flight before the first is read
+                row = bx + ahead * plan.programs
+                stage_row(X, DY, staged, ahead, row, row < m, lane)
             for step in T.serial(T.ceildiv(T.max(m - bx, 0), plan.programs)):
-                row_step(X, DY, W, DX, bx + step * plan.programs, lane, scratch, x, g, dw, db)
+                row = bx + step * plan.programs
+                ahead = row + (stages - 1) * plan.programs
+                stage_row(X, DY, staged, (step + stages - 1) % stages, ahead, ahead < m, lane)
+                T.ptx_wait_group(stages - 1)  # this row's copies landed, later ones may not
+                read_row(staged, step % stages, lane, x, g)
+                row_step(W, DX, row, lane, scratch, x, g, dw, db)
                 T.sync_threads()  # the next row's reductions reuse the scratch slots
             store_partials(DWP, DBP, bx, lane, dw, db)
 
     return body
 
 
+def _stage_row(s: NormBackwardShape) -> Any:
+    """Row `row`'s x and dy into shared stage `stage`, each lane copying the vectors it will
+    read (so no barrier is needed): one cp.async group, committed even when `wanted` is false
+    so the groups keep counting rows. Vectors narrower than cp.async's 4 bytes are copied
+    through registers instead."""
+    import tilelang.language as T
+
+    chunks, vec = s.plan.chunks, s.plan.vec
+    asynchronous = vec * ITEMSIZE_BY_NAME[s.dtype] >= 4
+
+    @T.macro
+    def stage_row(X, DY, staged, stage, row, wanted, lane):
+        for k in T.unroll(chunks):
+            if s.inside(lane, k) and wanted:
+                col = s.column(lane, k, 0)
+                if asynchronous:
+                    T.ptx_cp_async(T.access_ptr(staged[stage, 0, col], "w"),
+                                   T.access_ptr(X[row, col], "r"), vec)  # fmt: skip
+                    T.ptx_cp_async(T.access_ptr(staged[stage, 1, col], "w"),
+                                   T.access_ptr(DY[row, col], "r"), vec)  # fmt: skip
+                else:
+                    for v in T.unroll(vec):
+                        staged[stage, 0, col + v] = X[row, col + v]
+                        staged[stage, 1, col + v] = DY[row, col + v]
+        T.ptx_commit_group()
+
+    return stage_row
+
+
+def _read_row(s: NormBackwardShape) -> Any:
+    """A lane's vectors of the staged row into float32 registers; past the row's end, zeros."""
+    import tilelang.language as T
+
+    chunks, vec = s.plan.chunks, s.plan.vec
+
+    @T.macro
+    def read_row(staged, stage, lane, x, g):
+        for k in T.unroll(chunks):
+            if s.inside(lane, k):
+                for v in T.vectorized(vec):
+                    x[k * vec + v] = staged[stage, 0, s.column(lane, k, v)]
+                for v in T.vectorized(vec):
+                    g[k * vec + v] = staged[stage, 1, s.column(lane, k, v)]
+            else:
+                for v in T.unroll(vec):
+                    x[k * vec + v] = 0.0
+                    g[k * vec + v] = 0.0
+
+    return read_row
+
+
 def _norm_row(s: NormBackwardShape) -> Any:
-    """One row: x and dy into registers, the statistics, the partials, dx."""
+    """One row from x and dy in registers: the statistics, the partials, dx."""
     import tilelang.language as T
 
     from .._common import tiles
@@ -123,22 +200,10 @@ def _norm_row(s: NormBackwardShape) -> Any:
     plan, lanes = s.plan, _Lanes(s.plan.lanes)
     chunks, vec, values, n = plan.chunks, plan.vec, plan.values, s.n
     need_dx, need_dw, need_db = s.wanted
-
-    def inside(lane, k):
-        """Whether the lane's k-th vector lies in the row (vec divides n: wholly or not)."""
-        return True if s.exact else s.column(lane, k, 0) < n
+    inside = s.inside
 
     @T.macro
-    def row_step(X, DY, W, DX, row, lane, scratch, x, g, dw, db):
-        for i in T.unroll(values):
-            x[i] = 0.0
-            g[i] = 0.0
-        for k in T.unroll(chunks):
-            if inside(lane, k):
-                for v in T.vectorized(vec):
-                    x[k * vec + v] = X[row, s.column(lane, k, v)]
-                for v in T.vectorized(vec):
-                    g[k * vec + v] = DY[row, s.column(lane, k, v)]
+    def row_step(W, DX, row, lane, scratch, x, g, dw, db):
         if s.kind == "layer":
             s1 = T.alloc_var("float32", init=0.0)
             for i in T.unroll(values):
@@ -161,7 +226,7 @@ def _norm_row(s: NormBackwardShape) -> Any:
         if s.has_w:
             for k in T.unroll(chunks):
                 if inside(lane, k):
-                    for v in T.unroll(vec):
+                    for v in T.vectorized(vec):
                         g[k * vec + v] = g[k * vec + v] * W[s.column(lane, k, v)]
         if need_dx:
             s3 = T.alloc_var("float32", init=0.0)
