@@ -10,6 +10,7 @@ a persistent grid and write per-block partials of dweight/dbias, summed here in 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable
 from typing import Any, ClassVar
 
@@ -51,13 +52,10 @@ OWN_BARRIERS = {"tl.disable_thread_storage_sync": True}
 EMPTY_ROWS = "rows of length 0 have no gradient to compute; the reference serves them"
 
 
-def backward_plan(
-    n: int, dtype: torch.dtype, arrays: int, sm_count: int, smem_budget: int | None = None
-) -> BackwardPlan | None:
+def backward_plan(n: int, dtype: torch.dtype, arrays: int, sm_count: int) -> BackwardPlan | None:
     """The row over one block's lanes, `arrays` float32 values per element held per lane; None
-    when the block's registers cannot hold them. `programs`: the norms' persistent grid, as
-    many blocks as the multiprocessors keep resident. With `smem_budget` (the norms) x and dy
-    are staged through shared memory, two rows deep where the budget allows, one otherwise."""
+    when the block's registers cannot hold them. `programs`: a persistent grid of as many
+    blocks as the multiprocessors keep resident."""
     vec = vector_width(n, dtype)
     lanes = min(MAX_THREADS, max(WARP, pow2_ceil(ceil_div(n, vec))))
     chunks = ceil_div(n, lanes * vec)
@@ -65,15 +63,30 @@ def backward_plan(
     if registers > MAX_REGISTERS or lanes * registers > REGISTER_FILE:
         return None
     resident = min(REGISTER_FILE // (lanes * registers), THREADS_PER_SM[90] // lanes, BLOCKS_PER_SM)
-    stages = 0
-    if smem_budget is not None:
-        row_bytes = 2 * lanes * chunks * vec * ITEMSIZE[dtype]  # x and dy
-        stages = 2 if 2 * row_bytes + REDUCE_SCRATCH_BYTES <= smem_budget else 1
-        if row_bytes + REDUCE_SCRATCH_BYTES > smem_budget:
+    return BackwardPlan(lanes, vec, chunks, max(sm_count, 1) * resident, resident)
+
+
+def norm_backward_plan(
+    n: int, dtype: torch.dtype, partials: int, sm_count: int, smem_budget: int
+) -> BackwardPlan | None:
+    """The norms' plan: x and dy staged through shared memory, two rows deep where the budget
+    allows (one otherwise), and also held in float32 registers where those fit beside the
+    lane's `partials` (dweight, dbias); rows too long for that are read from shared memory."""
+    plan = backward_plan(n, dtype, 2 + partials, sm_count)
+    if plan is None:
+        plan = backward_plan(n, dtype, partials, sm_count)
+        if plan is None:
             return None
-        resident = min(resident, smem_budget // (stages * row_bytes + REDUCE_SCRATCH_BYTES))
+        plan = dataclasses.replace(plan, hold="shared")
+    row_bytes = 2 * plan.padded * ITEMSIZE[dtype]  # x and dy
+    if row_bytes + REDUCE_SCRATCH_BYTES > smem_budget:
+        return None
+    stages = 2 if 2 * row_bytes + REDUCE_SCRATCH_BYTES <= smem_budget else 1
+    resident = min(plan.blocks_per_sm, smem_budget // (stages * row_bytes + REDUCE_SCRATCH_BYTES))
     resident = max(resident, 1)
-    return BackwardPlan(lanes, vec, chunks, max(sm_count, 1) * resident, resident, stages)
+    return dataclasses.replace(
+        plan, programs=max(sm_count, 1) * resident, blocks_per_sm=resident, stages=stages
+    )
 
 
 class TileLangRowsBackward(Kernel):
@@ -95,22 +108,22 @@ class TileLangRowsBackward(Kernel):
             return own
         if cls.plan(call, 1) is None:
             return (
-                f"a row of {call.n} does not fit one block's registers ({cls.arrays(call)} "
-                "float32 values per element: the row, dy and the parameter partials); Triton's "
-                "looped kernel or the reference serves it"
+                f"a row of {call.n} does not fit one block ({cls.held(call)}); Triton's looped "
+                "kernel or the reference serves it"
             )
         return None
 
     @classmethod
     def plan(cls, call: Any, sm_count: int) -> BackwardPlan | None:
-        return backward_plan(call.n, call.dtype, cls.arrays(call), sm_count)
+        raise NotImplementedError
 
     @classmethod
     def own_refusal(cls, call: Any) -> str | None:
         return None
 
     @classmethod
-    def arrays(cls, call: Any) -> int:
+    def held(cls, call: Any) -> str:
+        """What a lane keeps of the row, for the refusal of rows that do not fit."""
         raise NotImplementedError
 
 
@@ -129,14 +142,17 @@ class _NormBackward(TileLangRowsBackward):
         return needs[0], needs[1] and dtypes[1] is not None, needs[2] and dtypes[2] is not None
 
     @classmethod
-    def arrays(cls, call: Any) -> int:
-        return 2 + sum(cls.wanted(call)[1:])
+    def held(cls, call: Any) -> str:
+        partials = sum(cls.wanted(call)[1:])
+        return (
+            f"{partials} float32 register values per element for the parameter gradients' "
+            "partials, x and dy in shared memory"
+        )
 
     @classmethod
     def plan(cls, call: Any, sm_count: int) -> BackwardPlan | None:
-        """The norms stage x and dy through shared memory (backward_program)."""
-        arrays = cls.arrays(call)
-        return backward_plan(call.n, call.dtype, arrays, sm_count, call.smem_budget)
+        partials = sum(cls.wanted(call)[1:])
+        return norm_backward_plan(call.n, call.dtype, partials, sm_count, call.smem_budget)
 
     @classmethod
     def entry_for(cls, call: Any) -> tuple[Hashable, Any]:
@@ -210,8 +226,12 @@ class TileLangSoftmaxBackward(TileLangRowsBackward, SoftmaxBackwardInterface):
         return None
 
     @classmethod
-    def arrays(cls, call: Any) -> int:
-        return 2
+    def held(cls, call: Any) -> str:
+        return "2 float32 register values per element: y and dy"
+
+    @classmethod
+    def plan(cls, call: Any, sm_count: int) -> BackwardPlan | None:
+        return backward_plan(call.n, call.dtype, 2, sm_count)
 
     @classmethod
     def entry_for(cls, call: Any) -> tuple[Hashable, Any]:

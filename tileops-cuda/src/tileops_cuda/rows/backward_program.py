@@ -29,7 +29,8 @@ class BackwardPlan:
     """`lanes` threads over one row, `chunks` vectors of `vec` elements per lane; `programs`:
     the norms' persistent grid, `blocks_per_sm` of them resident per multiprocessor (the
     launch bounds the compiler fits its registers to), `stages` rows of x and dy staged in
-    shared memory per block (2: the next row's copy overlaps this row's work)."""
+    shared memory per block (2: the next row's copy overlaps this row's work); `hold`, where
+    a lane keeps its x and dy while it works: float32 registers, or the staged copy only."""
 
     lanes: int
     vec: int
@@ -37,6 +38,7 @@ class BackwardPlan:
     programs: int = 1
     blocks_per_sm: int = 1
     stages: int = 0
+    hold: str = "registers"
 
     @property
     def padded(self) -> int:
@@ -117,8 +119,9 @@ def _norm_body(s: NormBackwardShape, m: Any) -> Any:
             scratch = T.alloc_shared((4, max(plan.lanes // WARP, 1)), "float32")
             stages = plan.stages
             staged = T.alloc_shared((stages, 2, plan.padded), s.dtype)  # x or dy, column
-            x = T.alloc_local((values,), "float32")
-            g = T.alloc_local((values,), "float32")
+            held = values if plan.hold == "registers" else 1
+            x = T.alloc_local((held,), "float32")
+            g = T.alloc_local((held,), "float32")
             dw = T.alloc_local((values,), "float32")
             db = T.alloc_local((values,), "float32")
             for i in T.unroll(values):
@@ -132,8 +135,9 @@ def _norm_body(s: NormBackwardShape, m: Any) -> Any:
                 ahead = row + (stages - 1) * plan.programs
                 stage_row(X, DY, staged, (step + stages - 1) % stages, ahead, ahead < m, lane)
                 T.ptx_wait_group(stages - 1)  # this row's copies landed, later ones may not
-                read_row(staged, step % stages, lane, x, g)
-                row_step(W, DX, row, lane, scratch, x, g, dw, db)
+                if plan.hold == "registers":
+                    read_row(staged, step % stages, lane, x, g)
+                row_step(W, DX, staged, step % stages, row, lane, scratch, x, g, dw, db)
                 T.sync_threads()  # the next row's reductions reuse the scratch slots
             store_partials(DWP, DBP, bx, lane, dw, db)
 
@@ -170,7 +174,7 @@ def _stage_row(s: NormBackwardShape) -> Any:
 
 
 def _read_row(s: NormBackwardShape) -> Any:
-    """A lane's vectors of the staged row into float32 registers; past the row's end, zeros."""
+    """A lane's vectors of the staged row into float32 registers (the vectors in the row)."""
     import tilelang.language as T
 
     chunks, vec = s.plan.chunks, s.plan.vec
@@ -183,66 +187,73 @@ def _read_row(s: NormBackwardShape) -> Any:
                     x[k * vec + v] = staged[stage, 0, s.column(lane, k, v)]
                 for v in T.vectorized(vec):
                     g[k * vec + v] = staged[stage, 1, s.column(lane, k, v)]
-            else:
-                for v in T.unroll(vec):
-                    x[k * vec + v] = 0.0
-                    g[k * vec + v] = 0.0
 
     return read_row
 
 
 def _norm_row(s: NormBackwardShape) -> Any:
-    """One row from x and dy in registers: the statistics, the partials, dx."""
+    """One row, x and dy read where the plan holds them: the statistics, the partials, dx. Each
+    pass reads only the lane's vectors inside the row."""
     import tilelang.language as T
 
     from .._common import tiles
 
     plan, lanes = s.plan, _Lanes(s.plan.lanes)
-    chunks, vec, values, n = plan.chunks, plan.vec, plan.values, s.n
+    chunks, vec, n, eps = plan.chunks, plan.vec, s.n, s.eps
     need_dx, need_dw, need_db = s.wanted
-    inside = s.inside
+    inside, column, layer = s.inside, s.column, s.kind == "layer"
+
+    def held(values, staged, stage, which, lane, k, v):
+        """x (which 0) or dy (1) at the lane's k-th vector, element v, in float32."""
+        if plan.hold == "registers":
+            return values[k * vec + v]
+        return T.cast(staged[stage, which, column(lane, k, v)], "float32")
+
+    def scaled(g, W, lane, k, v):
+        return g * W[column(lane, k, v)] if s.has_w else g
 
     @T.macro
-    def row_step(W, DX, row, lane, scratch, x, g, dw, db):
-        if s.kind == "layer":
+    def row_step(W, DX, staged, stage, row, lane, scratch, x, g, dw, db):
+        mean = 0.0
+        if layer:
             s1 = T.alloc_var("float32", init=0.0)
-            for i in T.unroll(values):
-                s1 += x[i]
-            mean = tiles.reduce_group(s1, "sum", lanes, scratch, 0, lane) / n
             for k in T.unroll(chunks):
                 if inside(lane, k):
                     for v in T.unroll(vec):
-                        x[k * vec + v] = x[k * vec + v] - mean
+                        s1 += held(x, staged, stage, 0, lane, k, v)
+            mean = tiles.reduce_group(s1, "sum", lanes, scratch, 0, lane) / n
         s2 = T.alloc_var("float32", init=0.0)
-        for i in T.unroll(values):
-            s2 += x[i] * x[i]
-        rstd = T.rsqrt(tiles.reduce_group(s2, "sum", lanes, scratch, 1, lane) / n + s.eps)
-        for i in T.unroll(values):
-            x[i] = x[i] * rstd  # xhat
-            if need_dw:
-                dw[i] += g[i] * x[i]
-            if need_db:
-                db[i] += g[i]
-        if s.has_w:
-            for k in T.unroll(chunks):
-                if inside(lane, k):
-                    for v in T.vectorized(vec):
-                        g[k * vec + v] = g[k * vec + v] * W[s.column(lane, k, v)]
+        for k in T.unroll(chunks):
+            if inside(lane, k):
+                for v in T.unroll(vec):
+                    centred = held(x, staged, stage, 0, lane, k, v) - mean
+                    s2 += centred * centred
+        rstd = T.rsqrt(tiles.reduce_group(s2, "sum", lanes, scratch, 1, lane) / n + eps)
+        s3 = T.alloc_var("float32", init=0.0)  # sum of g * xhat, g = dy * w
+        s4 = T.alloc_var("float32", init=0.0)  # sum of g
+        for k in T.unroll(chunks):
+            if inside(lane, k):
+                for v in T.unroll(vec):
+                    xhat = (held(x, staged, stage, 0, lane, k, v) - mean) * rstd
+                    dy = held(g, staged, stage, 1, lane, k, v)
+                    if need_dw:
+                        dw[k * vec + v] += dy * xhat
+                    if need_db:
+                        db[k * vec + v] += dy
+                    if need_dx:
+                        s3 += scaled(dy, W, lane, k, v) * xhat
+                        s4 += scaled(dy, W, lane, k, v)
         if need_dx:
-            s3 = T.alloc_var("float32", init=0.0)
-            s4 = T.alloc_var("float32", init=0.0)
-            for i in T.unroll(values):
-                s3 += g[i] * x[i]
-                s4 += g[i]
             c1 = tiles.reduce_group(s3, "sum", lanes, scratch, 2, lane) / n
             c2 = 0.0
-            if s.kind == "layer":
+            if layer:
                 c2 = tiles.reduce_group(s4, "sum", lanes, scratch, 3, lane) / n
             for k in T.unroll(chunks):
                 if inside(lane, k):
                     for v in T.vectorized(vec):
-                        i = k * vec + v
-                        DX[row, s.column(lane, k, v)] = (g[i] - c2 - x[i] * c1) * rstd
+                        xhat = (held(x, staged, stage, 0, lane, k, v) - mean) * rstd
+                        gw = scaled(held(g, staged, stage, 1, lane, k, v), W, lane, k, v)
+                        DX[row, column(lane, k, v)] = (gw - c2 - xhat * c1) * rstd
 
     return row_step
 
