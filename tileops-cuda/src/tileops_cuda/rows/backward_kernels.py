@@ -1,8 +1,9 @@
 """tileops-cuda's row-wise backward kernels (RMSNorm, LayerNorm, softmax): key, region, refusals.
 
-One layout: the row held whole in one block's registers as float32 (x or y, dy, and the
-parameter partials the call needs), on sm_80 .. sm_90, for float16/bfloat16/float32 rows that
-fit (`backward_plan`); longer rows go to Triton's looped kernel or the reference. Norms run on
+One row per block, on sm_80 .. sm_90, for float16/bfloat16/float32 rows that fit: softmax
+holds y and dy in float32 registers (`backward_plan`); the norms stage x and dy through shared
+memory and keep them in registers too where those fit beside the parameter partials
+(`norm_backward_plan`). Longer rows go to Triton's looped kernel or the reference. Norms run on
 a persistent grid and write per-block partials of dweight/dbias, summed here in a fixed order
 (one torch sum over the blocks' axis for both): deterministic, no atomics. Programs:
 `backward_program`.

@@ -1,12 +1,14 @@
 """The row-wise backward programs (LayerNorm, RMSNorm, softmax): one TileLang prim_func per
-plan, the row held in its block's registers as float32 (backward_kernels.py declares which
-rows fit). Each reads x (or y) and dy once and writes dx once.
+plan (backward_kernels.py declares which rows fit). Each reads x (or y) and dy once and writes
+dx once.
 
-Norms: a persistent grid of `programs` blocks, block b taking rows b, b + programs, ...; the
-row statistics are recomputed from the held x (the forward keeps none: TUNING.md#backward),
-and each lane adds dy * xhat (and dy) of its columns over the block's rows in registers, stored
-once per block into the (programs, n) float32 partials the kernel class then sums in a fixed
-order. Softmax: one block per row, dx = y * (dy - sum(y * dy)).
+Norms: a persistent grid of `programs` blocks, block b taking rows b, b + programs, ...; x and
+dy of the next row copy into shared memory while the block works on this one, and wait there
+or in float32 registers (the plan's `hold`). The row statistics are recomputed from x (the
+forward keeps none: TUNING.md#backward), and each lane adds dy * xhat (and dy) of its columns
+over the block's rows in registers, stored once per block into the (programs, n) float32
+partials the kernel class then sums in a fixed order. Softmax: one block per row, y and dy in
+registers, dx = y * (dy - sum(y * dy)).
 
 Each reduction of a row takes a scratch slot of its own, and the block synchronises before the
 next row reuses them (tiles.reduce_group reads its slot after one barrier only). Lanes move
