@@ -51,6 +51,8 @@ def glu_activation(act_fn: object) -> str | None:
     a fused MLP: its class decides, but for torch's GELU, whose `approximate` may change)."""
     if type(act_fn) is nn.GELU:
         return "gelu_tanh" if act_fn.approximate == "tanh" else "gelu"
+    if torch.compiler.is_compiling():  # Dynamo traces past a cache, and warns that it does
+        return _class_activation.__wrapped__(type(act_fn))
     return _class_activation(type(act_fn))
 
 
