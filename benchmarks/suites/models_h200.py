@@ -26,7 +26,9 @@ difference against the bfloat16 tolerance.
         [--steps 20] [--tiny] [--out DIR]
 
 `--tiny` shrinks every model so the script runs on a CPU in a minute (a smoke run; its figures
-mean nothing). Writes `<out>/models_<device>.{md,json}` stamped with date, device and commit.
+mean nothing). Writes `<out>/models_<device>.{md,json}` stamped with date, device and commit,
+and `.png`, the ratios as bars (with matplotlib). `--replot A.json B.json ...` draws the table
+and plot of saved runs together: `<out>/models_plot_<device>.{md,png}`.
 """
 
 from __future__ import annotations
@@ -389,9 +391,19 @@ def _peak_gib(device: str) -> float | None:
 # ---- report ---------------------------------------------------------------------------------
 
 
-def _ratio(row: dict[str, Any], base: str, ours: str) -> str:
+# (baseline, contender) pairs: baseline ms / contender ms, above 1 when the contender is faster
+RATIOS = (("eager", "kernelized"), ("compiled", "compiled+kernelized"),
+          ("eager", "tileops attention"))  # fmt: skip
+
+
+def _speedup(row: dict[str, Any], base: str, ours: str) -> float | None:
     a, b = row.get(f"{base} ms"), row.get(f"{ours} ms")
-    return f"{a / b:.2f}" if isinstance(a, float) and isinstance(b, float) else "—"
+    return a / b if isinstance(a, float) and isinstance(b, float) else None
+
+
+def _ratio(row: dict[str, Any], base: str, ours: str) -> str:
+    found = _speedup(row, base, ours)
+    return "—" if found is None else f"{found:.2f}"
 
 
 def _cell(value: Any) -> str:
@@ -426,6 +438,45 @@ def table(rows: list[dict[str, Any]], stamp: dict[str, Any]) -> list[str]:
     return lines
 
 
+def plot(rows: list[dict[str, Any]], stamp: dict[str, Any], path: Path) -> None:
+    """The table's ratios as grouped bars per (model, work), a line at 1.0 (as fast as the
+    baseline); a work not timed for a pair, or failed, has no bar there."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['model']}\n{r['work']}" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(rows)), 4.5))
+    width = 0.8 / len(RATIOS)
+    for k, (base, ours) in enumerate(RATIOS):
+        found = [(i, _speedup(r, base, ours)) for i, r in enumerate(rows)]
+        found = [(i + (k - (len(RATIOS) - 1) / 2) * width, v) for i, v in found if v is not None]
+        if found:
+            ax.bar(*zip(*found, strict=True), width, label=f"{ours} / {base}")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax.set_ylabel("speed-up (baseline ms / contender ms)")
+    ax.legend(fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_title("  ".join(f"{k}: {v}" for k, v in stamp.items()), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def replot(files: list[str], out: str) -> None:
+    """The table and plot of saved results (`models_*.json`, their rows in the order given):
+    `<out>/models_plot_<device>.{md,png}`, stamped by the first file."""
+    saved = [json.loads(Path(f).read_text()) for f in files]
+    stamp, rows = saved[0]["stamp"], [row for one in saved for row in one["rows"]]
+    stamp = {**stamp, "commit": ",".join(dict.fromkeys(one["stamp"]["commit"] for one in saved))}
+    result_path(out, "models_plot", stamp["device"], ".md").write_text(
+        "\n".join(table(rows, stamp)) + "\n"
+    )
+    plot(rows, stamp, result_path(out, "models_plot", stamp["device"], ".png"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="llama,resnet50,encoder")
@@ -440,7 +491,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="timed steps per contender")
     parser.add_argument("--tiny", action="store_true", help="small models: a CPU smoke run")
     parser.add_argument("--out", default=str(results_dir("models")))
+    parser.add_argument(
+        "--replot", nargs="+", metavar="JSON", help="only draw the table and plot of saved results"
+    )
     args = parser.parse_args()
+    if args.replot:
+        replot(args.replot, args.out)
+        return
     device = "cuda" if torch.cuda.is_available() else "cpu"
     wanted_works = [w for w in args.works.split(",") if w]
     rows = []
@@ -461,6 +518,10 @@ def main() -> None:
     text = table(rows, stamp)
     result_path(args.out, prefix, name, ".md").write_text("\n".join(text) + "\n")
     print("\n".join(text))
+    try:
+        plot(rows, stamp, result_path(args.out, prefix, name, ".png"))
+    except ImportError:
+        print("matplotlib is not installed: no plot (draw it later with --replot)")
 
 
 if __name__ == "__main__":
