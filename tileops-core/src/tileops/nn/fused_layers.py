@@ -49,18 +49,16 @@ _GLU_ACTIVATIONS = {
 def glu_activation(act_fn: object) -> str | None:
     """The GLU activation (`GLUFwdOp`'s `act`) `act_fn` computes, or None (read per call of
     a fused MLP: its class decides, but for torch's GELU, whose `approximate` may change)."""
-    if type(act_fn) is nn.GELU:
+    cls = type(act_fn)
+    if cls is nn.GELU:
         return "gelu_tanh" if act_fn.approximate == "tanh" else "gelu"
-    if torch.compiler.is_compiling():  # Dynamo traces past a cache, and warns that it does
-        return _class_activation.__wrapped__(type(act_fn))
-    return _class_activation(type(act_fn))
+    if cls not in _CLASS_ACTIVATIONS:  # a plain dict: Dynamo traces it without a warning
+        found = "silu" if cls is nn.SiLU else _GLU_ACTIVATIONS.get(dotted_path(cls))
+        _CLASS_ACTIVATIONS[cls] = found
+    return _CLASS_ACTIVATIONS[cls]
 
 
-@functools.lru_cache(maxsize=64)
-def _class_activation(cls: type) -> str | None:
-    if cls is nn.SiLU:
-        return "silu"
-    return _GLU_ACTIVATIONS.get(dotted_path(cls))
+_CLASS_ACTIVATIONS: dict[type, str | None] = {}
 
 
 class _Fused(TileModule):
