@@ -10,7 +10,13 @@ import torch.nn.functional as F
 from op_helpers import assert_matches, install_spy, randn
 from test_ops_attention import mask
 
-from tileops import AttentionDecodeOp, AttentionFwdOp, AttentionVarlenFwdOp, OpInputError
+from tileops import (
+    AttentionDecodeOp,
+    AttentionFwdOp,
+    AttentionVarlenBwdOp,
+    AttentionVarlenFwdOp,
+    OpInputError,
+)
 from tileops.testing import isolated_registry
 
 F64 = torch.float64
@@ -266,6 +272,31 @@ def test_varlen_gradients_match_sdpa_per_sequence():
     )
     for g, w in zip(got, want, strict=True):
         assert_matches(g, w)
+
+
+@pytest.mark.parametrize("saved", [True, False])
+@pytest.mark.parametrize("window", [None, 3])
+def test_the_varlen_backward_op_gives_the_forwards_gradients(saved, window):
+    """Sequences with rows that see no key (q_len > kv_len, causal) and none at all."""
+    cu_q, cu_k = [0, 6, 6, 10, 17], [0, 3, 8, 8, 20]
+    q, k, v = (t.requires_grad_() for t in packed(cu_q, cu_k))
+    offsets = torch.tensor(cu_q), torch.tensor(cu_k, dtype=torch.int32)
+    out, lse = AttentionVarlenFwdOp(True, None, window)(q, k, v, *offsets)
+    grad = randn(*out.shape, dtype=F64, seed=7)
+    want = torch.autograd.grad(out, (q, k, v), grad)
+    given = (out.detach(), lse) if saved else ()
+    got = AttentionVarlenBwdOp(True, None, window)(grad, q, k, v, *offsets, *given)
+    for g, w in zip(got, want, strict=True):
+        assert_matches(g, w)
+    assert not got[0][0:3].any() and not got[0][6:10].any()  # rows without keys
+
+
+def test_the_varlen_backward_op_takes_out_and_lse_together():
+    q, k, v = packed([0, 20], [0, 31])
+    offsets = torch.tensor([0, 20]), torch.tensor([0, 31])
+    out, _ = AttentionVarlenFwdOp()(q, k, v, *offsets)
+    with pytest.raises(OpInputError, match=r"'out' is given without 'lse'; pass the forward's"):
+        AttentionVarlenBwdOp()(out, q, k, v, *offsets, out)
 
 
 BAD_OFFSETS = {

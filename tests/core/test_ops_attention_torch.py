@@ -32,8 +32,11 @@ def cases(grad: bool = False, dtype: torch.dtype = torch.float32) -> dict:
         for t in (k, v)
     ]
     blocks = [b[[1, 0, 3, 2]].contiguous().requires_grad_(grad) for b in blocks]
+    offsets = torch.tensor([0, 2, 5]), torch.tensor([0, 3, 7], dtype=torch.int32)
+    packed_grad = grad_out.detach()[0].transpose(0, 1).contiguous().requires_grad_(grad)
     with torch.no_grad():  # the forward's out and lse, as its backward hands them on
         saved = tileops.AttentionFwdOp(causal=True)(q, k, v)
+        packed_saved = tileops.AttentionVarlenFwdOp(causal=True)(*packed, *offsets)
     return {
         "forward": (lambda: tileops.AttentionFwdOp(causal=True), (q, k, v)),
         "forward, window": (lambda: tileops.AttentionFwdOp(True, 0.5, 3), (q, k, v)),
@@ -46,9 +49,10 @@ def cases(grad: bool = False, dtype: torch.dtype = torch.float32) -> dict:
             lambda: tileops.AttentionDecodeOp(causal=True),
             (q[:, :, -1:], *blocks, torch.tensor([3, 4]), table),
         ),
-        "varlen": (
-            lambda: tileops.AttentionVarlenFwdOp(causal=True),
-            (*packed, torch.tensor([0, 2, 5]), torch.tensor([0, 3, 7], dtype=torch.int32)),
+        "varlen": (lambda: tileops.AttentionVarlenFwdOp(causal=True), (*packed, *offsets)),
+        "varlen backward": (
+            lambda: tileops.AttentionVarlenBwdOp(causal=True),
+            (packed_grad, *packed, *offsets, *packed_saved),
         ),
     }
 
@@ -144,7 +148,7 @@ def test_gradients_flow_through_out_and_match_sdpa():
         torch.testing.assert_close(g, w)
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n != "backward"])
+@pytest.mark.parametrize("name", [n for n in NAMES if not n.endswith("backward")])
 def test_gradcheck_in_float64(name):
     make, inputs = cases(grad=True, dtype=F64)[name]
     op = make()
@@ -164,10 +168,25 @@ def test_double_backward_of_the_forward_op():
     assert torch.autograd.gradgradcheck(lambda *t: op(*t)[0], (q, k, v))
 
 
-def test_gradcheck_of_the_backward_op():
-    make, inputs = cases(grad=True, dtype=F64)["backward"]
+def test_double_backward_of_the_varlen_op():
+    q, k, v = (t[0].transpose(0, 1).contiguous().requires_grad_() for t in qkv(1, 4, 2, 3, 4, 4))
+    offsets = torch.tensor([0, 1, 3]), torch.tensor([0, 2, 4])
+    op = tileops.AttentionVarlenFwdOp(causal=True, window=2)
+    assert torch.autograd.gradgradcheck(lambda *t: op(*t, *offsets)[0], (q, k, v))
+
+
+@pytest.mark.parametrize("name", ["backward", "varlen backward"])
+def test_gradcheck_of_the_backward_ops(name):
+    make, inputs = cases(grad=True, dtype=F64)[name]
     op = make()
-    assert torch.autograd.gradcheck(lambda *t: op(*t)[0], inputs)
+    grads = [t for t in inputs if t.requires_grad]
+    rest = {i: t for i, t in enumerate(inputs) if not t.requires_grad}
+
+    def f(*differentiable):
+        it = iter(differentiable)
+        return op(*[rest[i] if i in rest else next(it) for i in range(len(inputs))])[0]
+
+    assert torch.autograd.gradcheck(f, grads)
 
 
 def test_autocast_casts_as_for_sdpa():

@@ -14,6 +14,7 @@ from tileops import (
     AttentionBwdOp,
     AttentionDecodeOp,
     AttentionFwdOp,
+    AttentionVarlenBwdOp,
     AttentionVarlenFwdOp,
     BatchNormFwdOp,
     CallSpec,
@@ -27,6 +28,7 @@ from tileops.testing import simulate_device
 
 OPS = [LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp, BatchNormFwdOp, GemmOp]
 OPS += [AttentionFwdOp, AttentionBwdOp, AttentionDecodeOp, AttentionVarlenFwdOp]
+OPS += [AttentionVarlenBwdOp]
 LENS, OFFSETS = torch.tensor([2, 3], dtype=torch.int32), torch.tensor([0, 1, 3])
 ARGS = {  # a constructor call and a call for each op
     LayerNormFwdOp: ((8,), (randn(2, 8), randn(8), randn(8))),
@@ -41,6 +43,10 @@ ARGS = {  # a constructor call and a call for each op
     ),
     AttentionDecodeOp: ((True,), (randn(2, 2, 1, 8), randn(2, 1, 4, 8), randn(2, 1, 4, 8), LENS)),
     AttentionVarlenFwdOp: ((), (randn(3, 2, 8), randn(3, 1, 8), randn(3, 1, 8), OFFSETS, OFFSETS)),
+    AttentionVarlenBwdOp: (
+        (),
+        (randn(3, 2, 8), randn(3, 2, 8), randn(3, 1, 8), randn(3, 1, 8), OFFSETS, OFFSETS),
+    ),
 }
 
 

@@ -32,6 +32,7 @@ from .ops import (
     AttentionBwdOp,
     AttentionDecodeOp,
     AttentionFwdOp,
+    AttentionVarlenBwdOp,
     AttentionVarlenFwdOp,
     BatchNormFwdOp,
     GemmFwdOp,
@@ -54,7 +55,9 @@ __version__ = "0.1.0"
 # holding `tileops::RMSNormFwdOp` loads in a fresh process.
 for _op in (BatchNormFwdOp, GemmFwdOp, GemmOp, LayerNormFwdOp, RMSNormFwdOp, SoftmaxFwdOp):
     _library.operator(_op)
-for _op in (AttentionFwdOp, AttentionBwdOp, AttentionDecodeOp, AttentionVarlenFwdOp):
+for _op in (AttentionFwdOp, AttentionBwdOp, AttentionDecodeOp):
+    _library.operator(_op)
+for _op in (AttentionVarlenFwdOp, AttentionVarlenBwdOp):
     _library.operator(_op)
 for _op in (LinearCrossEntropyFwdOp, LinearCrossEntropyGradOp):
     _library.operator(_op)
@@ -70,6 +73,7 @@ __all__ = [
     "AttentionBwdOp",
     "AttentionDecodeOp",
     "AttentionFwdOp",
+    "AttentionVarlenBwdOp",
     "AttentionVarlenFwdOp",
     "BackendError",
     "BackwardCall",

@@ -20,6 +20,7 @@ from tileops.ops import (
     AttentionBwdOp,
     AttentionDecodeOp,
     AttentionFwdOp,
+    AttentionVarlenBwdOp,
     AttentionVarlenFwdOp,
     BatchNormFwdOp,
     GemmFwdOp,
@@ -105,7 +106,14 @@ register_kernel_builder(op=GemmFwdOp, target=target.NAME, build_kernel=target.bu
 register_kernel_builder(op=BatchNormFwdOp, target=target.NAME, build_kernel=target.build_batch_norm)
 for own_op in (LinearCrossEntropyFwdOp, LinearCrossEntropyGradOp):
     register_kernel_builder(op=own_op, target=target.NAME, build_kernel=own_path_builder(own_op))
-for attention_op in (AttentionFwdOp, AttentionBwdOp, AttentionDecodeOp, AttentionVarlenFwdOp):
+ATTENTION_OPS = (
+    AttentionFwdOp,
+    AttentionBwdOp,
+    AttentionDecodeOp,
+    AttentionVarlenFwdOp,
+    AttentionVarlenBwdOp,
+)
+for attention_op in ATTENTION_OPS:
     register_kernel_builder(
         op=attention_op, target=target.NAME, build_kernel=target.reference_builder(attention_op)
     )

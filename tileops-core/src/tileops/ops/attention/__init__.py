@@ -1,7 +1,8 @@
 """The attention family: prefill and training (`AttentionFwdOp`, its backward
 `AttentionBwdOp`), decode over a contiguous or paged KV cache (`AttentionDecodeOp`) and packed
-variable-length sequences (`AttentionVarlenFwdOp`). Semantics (masks, grouped heads, the
-log-sum-exp) are those of `_math`, which the reference kernels compute."""
+variable-length sequences (`AttentionVarlenFwdOp`, its backward `AttentionVarlenBwdOp`).
+Semantics (masks, grouped heads, the log-sum-exp) are those of `_math`, which the reference
+kernels compute."""
 
 from __future__ import annotations
 
@@ -19,7 +20,13 @@ from .prefill import (
     AttentionFwdOp,
     AttentionInterface,
 )
-from .varlen import AttentionVarlenCall, AttentionVarlenFwdOp, AttentionVarlenInterface
+from .varlen import (
+    AttentionVarlenBwdInterface,
+    AttentionVarlenBwdOp,
+    AttentionVarlenCall,
+    AttentionVarlenFwdOp,
+    AttentionVarlenInterface,
+)
 
 __all__ = [
     "AttentionBwdInterface",
@@ -32,6 +39,8 @@ __all__ = [
     "AttentionInterface",
     "AttentionPagedDecodeCall",
     "AttentionPagedDecodeInterface",
+    "AttentionVarlenBwdInterface",
+    "AttentionVarlenBwdOp",
     "AttentionVarlenCall",
     "AttentionVarlenFwdOp",
     "AttentionVarlenInterface",

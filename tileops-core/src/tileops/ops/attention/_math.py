@@ -19,6 +19,8 @@ log-sum-exp (natural log, of the scaled scores) stays in float32 (float64 for fl
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 Tensor = torch.Tensor
@@ -171,30 +173,83 @@ def attend_varlen(
     and its queries see its keys only, by the rules of `attend`. Returns (out (total_q, heads,
     v_dim) in q's dtype, lse (total_q, heads) in `compute_dtype`)."""
     total_q, heads, _ = q.shape
-    total_k, kv_heads = k.shape[0], k.shape[1]
     dtype = compute_dtype(q.dtype)
-    seq_q, pos_q, len_q = _token_places(cu_seqlens_q.long(), total_q)
-    seq_k, pos_k, _ = _token_places(cu_seqlens_k.long(), total_k)
-    len_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).long()
-    kc = k.to(dtype).transpose(0, 1).unsqueeze(1)  # (kv_heads, 1, total_k, head_dim)
-    vc = v.to(dtype).transpose(0, 1).unsqueeze(1)
-    step = max(CHUNK_SCORES // max(heads * total_k, 1), 1)
+    kc, vc = _packed_heads(k, dtype), _packed_heads(v, dtype)
     outs, lses = [], []
-    for start in range(0, total_q, step):
-        stop = min(start + step, total_q)
-        rows = q[start:stop].to(dtype).transpose(0, 1)  # (heads, n, head_dim)
-        grouped = rows.reshape(kv_heads, heads // kv_heads, stop - start, -1)
-        scores = grouped @ kc.transpose(-1, -2) * scale
-        seq = seq_q[start:stop]
-        q_abs = pos_q[start:stop] + len_k[seq] - len_q[start:stop]
-        seen = visible_keys(q_abs, pos_k, len_k[seq][:, None], causal, window)
-        seen = seen & (seq[:, None] == seq_k[None, :])
-        probs, lse = softmax_rows(scores, seen)
-        outs.append((probs @ vc).reshape(heads, stop - start, -1).transpose(0, 1))
-        lses.append(lse.reshape(heads, stop - start).transpose(0, 1))
+    for rows, seen in _varlen_chunks(q, k, cu_seqlens_q, cu_seqlens_k, causal, window):
+        grouped = _packed_heads(q[rows], dtype, kc.shape[0])
+        probs, lse = softmax_rows(grouped @ kc.transpose(-1, -2) * scale, seen)
+        n = rows.stop - rows.start
+        outs.append((probs @ vc).reshape(heads, n, -1).transpose(0, 1))
+        lses.append(lse.reshape(heads, n).transpose(0, 1))
     if not outs:  # total_q == 0
         return q.new_empty((0, heads, v.shape[-1])), q.new_empty((0, heads), dtype=dtype)
     return torch.cat(outs).to(q.dtype), torch.cat(lses)
+
+
+def attend_varlen_grads(
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    *,
+    scale: float,
+    causal: bool,
+    window: int | None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The gradients of `attend_varlen`'s out at q, k and v given `grad_out` (total_q, heads,
+    v_dim), by `attend_grads`' explicit formulas over packed sequences: differentiable again,
+    and usable inside an operator."""
+    total_q, heads, head_dim = q.shape
+    dtype = compute_dtype(q.dtype)
+    kc, vc = _packed_heads(k, dtype), _packed_heads(v, dtype)  # (kv_heads, 1, total_k, dim)
+    grad_q, grad_k, grad_v = [], torch.zeros_like(kc[:, 0]), torch.zeros_like(vc[:, 0])
+    for rows, seen in _varlen_chunks(q, k, cu_seqlens_q, cu_seqlens_k, causal, window):
+        grouped = _packed_heads(q[rows], dtype, kc.shape[0])
+        d_out = _packed_heads(grad_out[rows], dtype, kc.shape[0])
+        probs, _ = softmax_rows(grouped @ kc.transpose(-1, -2) * scale, seen)
+        d_probs = d_out @ vc.transpose(-1, -2)
+        d_scores = probs * (d_probs - (probs * d_probs).sum(-1, keepdim=True)) * scale
+        n = rows.stop - rows.start
+        grad_q.append((d_scores @ kc).reshape(heads, n, head_dim).transpose(0, 1))
+        grad_k = grad_k + (d_scores.transpose(-1, -2) @ grouped).sum(1)
+        grad_v = grad_v + (probs.transpose(-1, -2) @ d_out).sum(1)
+    found_q = torch.cat(grad_q) if grad_q else q.new_zeros(q.shape, dtype=dtype)
+    return (
+        found_q.to(q.dtype),
+        grad_k.transpose(0, 1).to(k.dtype),
+        grad_v.transpose(0, 1).to(v.dtype),
+    )
+
+
+def _packed_heads(t: Tensor, dtype: torch.dtype, kv_heads: int | None = None) -> Tensor:
+    """Packed (tokens, heads, dim) as (kv_heads, heads // kv_heads, tokens, dim) in `dtype`:
+    k and v (kv_heads None) as (kv_heads, 1, tokens, dim), broadcast over each group."""
+    heads = t.to(dtype).transpose(0, 1)
+    groups = 1 if kv_heads is None else t.shape[1] // kv_heads
+    return heads.reshape(-1, groups, *heads.shape[1:])
+
+
+def _varlen_chunks(
+    q: Tensor, k: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, causal: bool,
+    window: int | None,
+) -> Iterator[tuple[slice, Tensor]]:  # fmt: skip
+    """Chunks of packed query rows (bounded by CHUNK_SCORES) and the keys each row of a chunk
+    sees, (rows, total_k) bool: its own sequence's keys, by the rules of `visible_keys`."""
+    total_q, heads, _ = q.shape
+    total_k = k.shape[0]
+    seq_q, pos_q, len_q = _token_places(cu_seqlens_q.long(), total_q)
+    seq_k, pos_k, _ = _token_places(cu_seqlens_k.long(), total_k)
+    len_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).long()
+    step = max(CHUNK_SCORES // max(heads * total_k, 1), 1)
+    for start in range(0, total_q, step):
+        rows = slice(start, min(start + step, total_q))
+        seq = seq_q[rows]
+        q_abs = pos_q[rows] + len_k[seq] - len_q[rows]
+        seen = visible_keys(q_abs, pos_k, len_k[seq][:, None], causal, window)
+        yield rows, seen & (seq[:, None] == seq_k[None, :])
 
 
 def _token_places(cu_seqlens: Tensor, total: int) -> tuple[Tensor, Tensor, Tensor]:

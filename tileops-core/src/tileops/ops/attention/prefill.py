@@ -203,7 +203,7 @@ class AttentionBwdOp(_Attention, Op):
         grads = kernel(*args)
         for grad, like in zip(grads, (q, k, v), strict=True):
             if not (grad.shape == like.shape and grad.dtype == like.dtype and grad.is_contiguous()):
-                raise _broken_grads(self, call, grads)
+                raise broken_grads(self, "attention_bwd", call, grads)
         return tuple(grads)
 
     def reference_forward(
@@ -221,10 +221,11 @@ class AttentionBwdOp(_Attention, Op):
         yield sample_case({"causal": True, "window": 4}, *shapes, note="sliding window")
 
 
-def _broken_grads(op: Op, call: AttentionCall, grads: Any) -> Exception:
+def broken_grads(op: Op, interface: str, call: Any, grads: Any) -> Exception:
+    """The error for a backward kernel whose gradients break its interface's contract."""
     shown = [f"{str(g.dtype).removeprefix('torch.')}{list(g.shape)}" for g in grads]
     return BackendError(
-        f"Output of {op._table.serving('attention_bwd', call)} is wrong: it returned {shown}; "
+        f"Output of {op._table.serving(interface, call)} is wrong: it returned {shown}; "
         "the interface's layout contract expects contiguous gradients shaped and typed like q, "
         "k and v. Fix the kernel, or refuse such calls in its refusal()."
     )

@@ -1,5 +1,6 @@
 """Attention over packed sequences of different lengths (`cu_seqlens`), the layout packed
-training batches use: tokens of every sequence one after another, (total, heads, head_dim)."""
+training batches use: tokens of every sequence one after another, (total, heads, head_dim);
+and its backward, an op of its own (`AttentionVarlenBwdOp`) as the dense form's is."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from ...kernel import KernelInterface
 from ...op import Op
 from ...samples import Case
 from ...signature import BoundCall, Input, Output, Signature
-from .._common import ReferenceKernel
+from .._common import GradOpBackward, ReferenceKernel
 from ._base import PARAM_TYPES, AttentionParams, call_kernel, check_heads, no_keys
-from ._math import attend_varlen
+from ._math import attend_varlen, attend_varlen_grads
 from .decode import INDEX_DTYPES
+from .prefill import broken_grads
 
 Tensor = torch.Tensor
 
@@ -83,7 +85,195 @@ class AttentionVarlenReference(ReferenceKernel, AttentionVarlenInterface):
         )
 
 
-class AttentionVarlenFwdOp(AttentionParams, Op):
+class _Varlen(AttentionParams):
+    """The forward and backward ops' shared path: checks of heads and offsets, and the call
+    spec of q, k, v."""
+
+    q_at = 0  # q's position among the inputs; k, v, cu_seqlens_q and cu_seqlens_k follow it
+
+    def check(self, call: BoundCall) -> None:
+        q, k, _, cu_q, cu_k = call.tensors[self.q_at : self.q_at + 5]
+        op = type(self).__name__
+        check_heads(op, q.shape[1], k.shape[1], q.shape[-1])
+        if cu_q.shape[0] == 0:
+            raise OpInputError(
+                f"{op}(): argument 'cu_seqlens_q' is empty; expected seqs + 1 offsets, "
+                "starting at 0"
+            )
+        for name, offsets, total in (
+            ("cu_seqlens_q", cu_q, q.shape[0]),
+            ("cu_seqlens_k", cu_k, k.shape[0]),
+        ):
+            if offsets.device.type == "cpu":
+                _check_offsets(op, name, offsets, total)
+
+    def call_for(
+        self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
+    ) -> AttentionVarlenCall:
+        total_q, heads, head_dim = q.shape
+        return AttentionVarlenCall(
+            device=q.device,
+            seqs=cu_seqlens_q.shape[0] - 1,
+            heads=heads,
+            kv_heads=k.shape[1],
+            total_q=total_q,
+            total_k=k.shape[0],
+            head_dim=head_dim,
+            v_dim=v.shape[-1],
+            causal=self.causal,
+            scale=self.scale_for(head_dim),
+            dtype=q.dtype,
+            window=self.window,
+        )
+
+
+def _offsets(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor) -> list[Tensor]:
+    """The offsets as the interfaces take them: contiguous int32."""
+    return [t.to(torch.int32).contiguous() for t in (cu_seqlens_q, cu_seqlens_k)]
+
+
+# -- the backward op ------------------------------------------------------------------------
+
+
+class AttentionVarlenBwdInterface(KernelInterface):
+    """Interface "attention_varlen_bwd": the gradients of `AttentionVarlenFwdOp`'s out with
+    respect to q, k and v, given the gradient of out.
+
+    Layout contract: grad_out (total_q, heads, v_dim), q, k, v, cu_seqlens_q and cu_seqlens_k
+    as the "attention_varlen" interface has them, all contiguous; out and lse as the forward
+    returned them, both given or both None (then a kernel recomputes what it needs). Return
+    (grad_q, grad_k, grad_v), contiguous, each of its input's shape and dtype (grad_k and grad_v
+    summed over the query heads of each group). Calls with total_q * heads == 0 or total_k == 0
+    never reach a kernel.
+    """
+
+    call_spec = AttentionVarlenCall
+
+    def forward(
+        self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+        cu_seqlens_k: Tensor, out: Tensor | None, lse: Tensor | None,
+    ) -> tuple:  # fmt: skip
+        raise NotImplementedError
+
+
+class AttentionVarlenBwdReference(ReferenceKernel, AttentionVarlenBwdInterface):
+    """The explicit gradient formulas over packed sequences (`_math.attend_varlen_grads`)."""
+
+    build_fields = ("scale", "causal", "window")
+
+    def __init__(self, scale: float, causal: bool, window: int | None) -> None:
+        self.scale, self.causal, self.window = scale, causal, window
+
+    def forward(
+        self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+        cu_seqlens_k: Tensor, out: Tensor | None, lse: Tensor | None,
+    ) -> tuple:  # fmt: skip
+        options = {"scale": self.scale, "causal": self.causal, "window": self.window}
+        return attend_varlen_grads(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, **options)
+
+
+class AttentionVarlenBwdOp(_Varlen, Op):
+    """The gradients of `AttentionVarlenFwdOp(causal, scale, window)`'s out at q, k and v,
+    given grad_out, and optionally the forward's out and lse (both or neither): (grad_q,
+    grad_k, grad_v). What the forward op's backward calls."""
+
+    namespace = "tileops"
+    interfaces = {
+        "attention_varlen_bwd": AttentionVarlenBwdInterface,
+        "backward": BackwardInterface,
+    }
+    kernel_types = {
+        "reference": AttentionVarlenBwdReference,
+        "reference_backward": RecomputeBackward,
+    }
+    signature = Signature(
+        (
+            Input("grad_out", ("total_q", "heads", "v_dim")),
+            Input("q", ("total_q", "heads", "head_dim"), dtypes=("grad_out",)),
+            Input("k", ("total_k", "kv_heads", "head_dim"), dtypes=("grad_out",)),
+            Input("v", ("total_k", "kv_heads", "v_dim"), dtypes=("grad_out",)),
+            Input("cu_seqlens_q", ("offsets",), dtypes=INDEX_DTYPES, differentiable=False),
+            Input("cu_seqlens_k", ("offsets",), dtypes=INDEX_DTYPES, differentiable=False),
+            Input("out", ("total_q", "heads", "v_dim"), dtypes=("grad_out",), optional=True,
+                  differentiable=False),
+            Input("lse", ("total_q", "heads"), optional=True, differentiable=False),
+        ),
+        PARAM_TYPES,
+        (Output("grad_q", like="q"), Output("grad_k", like="k"), Output("grad_v", like="v")),
+    )  # fmt: skip
+
+    q_at = 1
+
+    def check(self, call: BoundCall) -> None:
+        super().check(call)
+        out, lse = call.tensors[6:]
+        if (out is None) != (lse is None):
+            given, missing = ("out", "lse") if lse is None else ("lse", "out")
+            raise OpInputError(
+                f"AttentionVarlenBwdOp(): argument {given!r} is given without {missing!r}; pass "
+                "the forward's out and lse together, or neither"
+            )
+
+    def forward(
+        self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+        cu_seqlens_k: Tensor, out: Tensor | None = None, lse: Tensor | None = None,
+    ) -> tuple:  # fmt: skip
+        if k.shape[0] == 0 or q.numel() == 0:  # no key or no query: nothing flows back
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        call = self.call_for(q, k, v, cu_seqlens_q)
+        dense = [None if t is None else t.contiguous() for t in (grad_out, q, k, v)]
+        saved = [None if t is None else t.contiguous() for t in (out, lse)]
+        kernel = self.kernel_for("attention_varlen_bwd", call)
+        grads = kernel(*dense, *_offsets(cu_seqlens_q, cu_seqlens_k), *saved)
+        for grad, like in zip(grads, (q, k, v), strict=True):
+            if not (grad.shape == like.shape and grad.dtype == like.dtype and grad.is_contiguous()):
+                raise broken_grads(self, "attention_varlen_bwd", call, grads)
+        return tuple(grads)
+
+    def reference_forward(
+        self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+        cu_seqlens_k: Tensor, out: Tensor | None = None, lse: Tensor | None = None,
+    ) -> tuple:  # fmt: skip
+        scale = self.scale_for(q.shape[-1])
+        return attend_varlen_grads(
+            grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, scale=scale, causal=self.causal,
+            window=self.window,
+        )  # fmt: skip
+
+    @classmethod
+    def sample_cases(cls) -> Iterable[Case]:
+        generator = torch.Generator().manual_seed(0)
+
+        def randn(*shape: int) -> Tensor:
+            return torch.randn(shape, generator=generator)
+
+        cu_q = torch.tensor([0, 7, 7, 19, 30], dtype=torch.int32)
+        cu_k = torch.tensor([0, 9, 12, 24, 33], dtype=torch.int32)
+        q, k, v = randn(30, 4, 16), randn(33, 2, 16), randn(33, 2, 16)
+        note = "GQA, an empty sequence"
+        yield Case({"causal": True}, (randn(30, 4, 16), q, k, v, cu_q, cu_k), note)
+        cu = torch.tensor([0, 16, 40], dtype=torch.int32)
+        qkv = randn(40, 2, 16), randn(40, 2, 16), randn(40, 2, 16)
+        yield Case({"causal": True, "window": 6}, (randn(40, 2, 16), *qkv, cu, cu), "window")
+
+
+# -- the forward op and its backward kernel ---------------------------------------------------
+
+
+class AttentionVarlenBackward(GradOpBackward):
+    """`AttentionVarlenFwdOp`'s backward: the gradients through out from
+    `AttentionVarlenBwdOp`, handed the forward's out and lse (None where a caller modified one
+    in place since). No gradient flows through lse or the offsets."""
+
+    grad_op = AttentionVarlenBwdOp
+
+    def forward(self, grads: tuple, inputs: tuple, outputs: tuple = ()) -> tuple:
+        out, lse = (*outputs, None, None)[:2]
+        saved = (out, lse) if out is not None and lse is not None else (None, None)
+        return self.wanted((*self.run_grad_op((grads[0], *inputs, *saved)), None, None))
+
+
+class AttentionVarlenFwdOp(_Varlen, Op):
     """`AttentionFwdOp` over each of several packed sequences (FlashAttention's varlen form),
     returning (out, lse); the causal mask is aligned to the bottom right of each sequence.
 
@@ -95,7 +285,10 @@ class AttentionVarlenFwdOp(AttentionParams, Op):
 
     namespace = "tileops"
     interfaces = {"attention_varlen": AttentionVarlenInterface, "backward": BackwardInterface}
-    kernel_types = {"reference": AttentionVarlenReference, "reference_backward": RecomputeBackward}
+    kernel_types = {
+        "reference": AttentionVarlenReference,
+        "reference_backward": AttentionVarlenBackward,
+    }
     signature = Signature(
         (
             Input("q", ("total_q", "heads", "head_dim")),
@@ -116,47 +309,18 @@ class AttentionVarlenFwdOp(AttentionParams, Op):
             ),
         ),
     )
-
-    def check(self, call: BoundCall) -> None:
-        q, k, _, cu_q, cu_k = call.tensors
-        op = type(self).__name__
-        check_heads(op, q.shape[1], k.shape[1], q.shape[-1])
-        if cu_q.shape[0] == 0:
-            raise OpInputError(
-                f"{op}(): argument 'cu_seqlens_q' is empty; expected seqs + 1 offsets, "
-                "starting at 0"
-            )
-        for name, offsets, total in (
-            ("cu_seqlens_q", cu_q, q.shape[0]),
-            ("cu_seqlens_k", cu_k, k.shape[0]),
-        ):
-            if offsets.device.type == "cpu":
-                _check_offsets(op, name, offsets, total)
+    saves_outputs = True  # out and lse: a backward kernel starts from them, not a second forward
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor
     ) -> tuple[Tensor, Tensor]:
         if k.shape[0] == 0:
             return no_keys(q, v.shape[-1], q.shape[:-1])
-        total_q, heads, head_dim = q.shape
-        call = AttentionVarlenCall(
-            device=q.device,
-            seqs=cu_seqlens_q.shape[0] - 1,
-            heads=heads,
-            kv_heads=k.shape[1],
-            total_q=total_q,
-            total_k=k.shape[0],
-            head_dim=head_dim,
-            v_dim=v.shape[-1],
-            causal=self.causal,
-            scale=self.scale_for(head_dim),
-            dtype=q.dtype,
-            window=self.window,
-        )
-        offsets = [t.to(torch.int32).contiguous() for t in (cu_seqlens_q, cu_seqlens_k)]
-        tensors = q.contiguous(), k.contiguous(), v.contiguous(), *offsets
-        out_shape = (total_q, heads, v.shape[-1])
-        return call_kernel(self, "attention_varlen", call, out_shape, *tensors)
+        call = self.call_for(q, k, v, cu_seqlens_q)
+        tensors = q.contiguous(), k.contiguous(), v.contiguous()
+        out_shape = (q.shape[0], q.shape[1], v.shape[-1])
+        offsets = _offsets(cu_seqlens_q, cu_seqlens_k)
+        return call_kernel(self, "attention_varlen", call, out_shape, *tensors, *offsets)
 
     def reference_forward(
         self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor
