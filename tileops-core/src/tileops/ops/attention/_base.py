@@ -147,6 +147,16 @@ def check_heads(op: str, heads: int, kv_heads: int, head_dim: int, keys: str = "
         raise OpInputError(f"{op}(): argument 'q' has head_dim 0; expected at least 1")
 
 
+def check_saved(op: str, out: torch.Tensor | None, lse: torch.Tensor | None) -> None:
+    """A backward op takes the forward's out and lse together, or neither."""
+    if (out is None) != (lse is None):
+        given, missing = ("out", "lse") if lse is None else ("lse", "out")
+        raise OpInputError(
+            f"{op}(): argument {given!r} is given without {missing!r}; pass the forward's out "
+            "and lse together, or neither"
+        )
+
+
 def no_keys(q: torch.Tensor, v_dim: int, lse_shape: tuple[int, ...]) -> tuple:
     """The result where no query sees any key: zeros and a log-sum-exp of -inf."""
     out = q.new_zeros((*q.shape[:-1], v_dim))

@@ -12,12 +12,19 @@ import torch
 
 from ...backward import BackwardInterface, RecomputeBackward
 from ...callspec import CallSpec
-from ...errors import BackendError, OpInputError
+from ...errors import BackendError
 from ...kernel import KernelInterface
 from ...op import Op
 from ...signature import BoundCall, Input, Output, Signature
 from .._common import GradOpBackward, ReferenceKernel, sample_case
-from ._base import PARAM_TYPES, AttentionParams, call_kernel, check_heads, no_keys
+from ._base import (
+    PARAM_TYPES,
+    AttentionParams,
+    call_kernel,
+    check_heads,
+    check_saved,
+    no_keys,
+)
 from ._math import attend, attend_grads
 
 if TYPE_CHECKING:
@@ -183,13 +190,7 @@ class AttentionBwdOp(_Attention, Op):
 
     def check(self, call: BoundCall) -> None:
         super().check(call)
-        out, lse = call.tensors[4:]
-        if (out is None) != (lse is None):
-            given, missing = ("out", "lse") if lse is None else ("lse", "out")
-            raise OpInputError(
-                f"AttentionBwdOp(): argument {given!r} is given without {missing!r}; pass the "
-                "forward's out and lse together, or neither"
-            )
+        check_saved(type(self).__name__, *call.tensors[4:])
 
     def forward(
         self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor | None = None,

@@ -16,7 +16,14 @@ from ...op import Op
 from ...samples import Case
 from ...signature import BoundCall, Input, Output, Signature
 from .._common import GradOpBackward, ReferenceKernel
-from ._base import PARAM_TYPES, AttentionParams, call_kernel, check_heads, no_keys
+from ._base import (
+    PARAM_TYPES,
+    AttentionParams,
+    call_kernel,
+    check_heads,
+    check_saved,
+    no_keys,
+)
 from ._math import attend_varlen, attend_varlen_grads
 from .decode import INDEX_DTYPES
 from .prefill import broken_grads
@@ -206,13 +213,7 @@ class AttentionVarlenBwdOp(_Varlen, Op):
 
     def check(self, call: BoundCall) -> None:
         super().check(call)
-        out, lse = call.tensors[6:]
-        if (out is None) != (lse is None):
-            given, missing = ("out", "lse") if lse is None else ("lse", "out")
-            raise OpInputError(
-                f"AttentionVarlenBwdOp(): argument {given!r} is given without {missing!r}; pass "
-                "the forward's out and lse together, or neither"
-            )
+        check_saved(type(self).__name__, *call.tensors[6:])
 
     def forward(
         self, grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
