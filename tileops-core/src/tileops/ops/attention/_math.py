@@ -172,7 +172,7 @@ def attend_varlen(
     `cu_seqlens_q[s]:cu_seqlens_q[s + 1]` and key tokens `cu_seqlens_k[s]:cu_seqlens_k[s + 1]`,
     and its queries see its keys only, by the rules of `attend`. Returns (out (total_q, heads,
     v_dim) in q's dtype, lse (total_q, heads) in `compute_dtype`)."""
-    total_q, heads, _ = q.shape
+    heads = q.shape[1]
     dtype = compute_dtype(q.dtype)
     kc, vc = _packed_heads(k, dtype), _packed_heads(v, dtype)
     outs, lses = [], []
@@ -202,7 +202,7 @@ def attend_varlen_grads(
     """The gradients of `attend_varlen`'s out at q, k and v given `grad_out` (total_q, heads,
     v_dim), by `attend_grads`' explicit formulas over packed sequences: differentiable again,
     and usable inside an operator."""
-    total_q, heads, head_dim = q.shape
+    _, heads, head_dim = q.shape
     dtype = compute_dtype(q.dtype)
     kc, vc = _packed_heads(k, dtype), _packed_heads(v, dtype)  # (kv_heads, 1, total_k, dim)
     grad_q, grad_k, grad_v = [], torch.zeros_like(kc[:, 0]), torch.zeros_like(vc[:, 0])
