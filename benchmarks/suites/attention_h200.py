@@ -8,6 +8,10 @@ query head: its KV heads are repeated before the clock starts. Decode: one query
 sequence over a KV cache at batch 1 x 4K / 32K / 128K keys, 16 x 4K, 64 x 4K and 64 x 16K, in
 GB/s of K and V read and as % of a same-run device copy; the ops at decode are AttentionFwdOp
 (q_len 1, one length for all) and AttentionDecodeOp (per-sequence lengths, here all full).
+Packed: 16K causal tokens as sequences of PACKED lengths, AttentionVarlenFwdOp (forward, and
+forward + backward through autograd) beside FlashAttention's varlen entry point given the exact
+longest length (which the op does not read: it would stop the host) and cuDNN's SDPA on the
+sequences right-padded into a batch (padding not timed); TFLOP/s count each sequence's own.
 
 Times are the best of `--rounds` medians of `triton.testing.do_bench` (L2 cleared per
 repetition), the contenders interleaved round by round. A forced SDPA backend or a pinned key is
@@ -15,7 +19,8 @@ set around a contender's whole timing, never per call ("SDPA as called" is the p
 Every output is checked against cuDNN's (or flash's) before it is timed; a key that refuses a
 call is listed with its reason.
 
-    python benchmarks/suites/attention_h200.py [--part prefill|decode|all] [--quick] [--out DIR]
+    python benchmarks/suites/attention_h200.py [--part prefill|decode|packed|all] [--quick]
+        [--out DIR]
 
 Writes `<out>/attention_<device>.{md,json}` stamped with the date, device, versions and commit.
 """
@@ -39,13 +44,20 @@ from _harness.timing import Forced, bench_all, call_once
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import tileops
-from tileops import AttentionBwdOp, AttentionDecodeOp, AttentionFwdOp, TileOpsError
+from tileops import (
+    AttentionBwdOp,
+    AttentionDecodeOp,
+    AttentionFwdOp,
+    AttentionVarlenFwdOp,
+    TileOpsError,
+)
 from tileops.table import table_for
 
 HEADS, KV_HEADS, DIM, DTYPE = 32, 8, 128, torch.bfloat16
 TOKENS = 16384
 SEQS = (1024, 4096, 16384)
 DECODE = [(1, 4096), (1, 32768), (1, 131072), (16, 4096), (64, 4096), (64, 16384)]
+PACKED = (4096, 2816, 2048, 1792, 1536, 1280, 1024, 896, 512, 384)  # 16K tokens
 BACKENDS = {
     "sdpa_cudnn": SDPBackend.CUDNN_ATTENTION,
     "sdpa_flash": SDPBackend.FLASH_ATTENTION,
@@ -206,6 +218,74 @@ def decode(batch: int, kv_len: int, rounds: int, copy: float) -> list[dict]:
     return rows
 
 
+def packed(lengths: tuple[int, ...], rounds: int) -> list[dict]:
+    """Causal sequences of `lengths` packed: the varlen op against FlashAttention given the
+    exact longest length and cuDNN on the right-padded batch (causal: padding is never seen)."""
+    total, longest = sum(lengths), max(lengths)
+    q, grad = randn(total, HEADS, DIM, grad=True), randn(total, HEADS, DIM)
+    k, v = randn(total, KV_HEADS, DIM, grad=True), randn(total, KV_HEADS, DIM, grad=True)
+    cu = torch.tensor([0, *lengths], device="cuda").cumsum(0).to(torch.int32)
+    starts = cu.tolist()[:-1]
+
+    def pad(t: torch.Tensor) -> torch.Tensor:
+        out = t.new_zeros(len(lengths), t.shape[1], longest, t.shape[2])
+        for i, (start, n) in enumerate(zip(starts, lengths, strict=True)):
+            out[i, :, :n] = t.detach()[start : start + n].transpose(0, 1)
+        return out
+
+    def unpad(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t[i, :, :n].transpose(0, 1) for i, n in enumerate(lengths)])
+
+    padded = [pad(t).requires_grad_() for t in (q, k, v)]
+    op = AttentionVarlenFwdOp(causal=True)
+
+    def exact():  # FlashAttention's varlen forward, the longest length known to the host
+        return torch.ops.aten._flash_attention_forward(
+            q, k, v, cu, cu, longest, longest, 0.0, True, False, scale=DIM**-0.5
+        )[0]
+
+    contenders = {  # name: (forward, its inputs, the gradient of its out, its out unpacked)
+        "tileops AttentionVarlenFwdOp (dispatched)": (lambda: op(q, k, v, cu, cu), (q, k, v), grad),
+        "FlashAttention varlen, exact longest length": (exact, (q, k, v), grad),
+        "SDPA cuDNN, right-padded batch": (sdpa("sdpa_cudnn", *padded, True), padded, pad(grad)),
+    }
+    flops = sum(4 * HEADS * n * n * DIM / 2 for n in lengths)
+    rows = []
+    for part, factor in (("packed forward", 1.0), ("packed forward+backward", 3.5)):
+        calls = {name: fn if factor == 1.0 else _with_backward(fn, inputs, g)
+                 for name, (fn, inputs, g) in contenders.items()}  # fmt: skip
+        want = call_once(calls["FlashAttention varlen, exact longest length"])
+        notes: dict[str, str] = {}
+        timed = {}
+        for name, call in calls.items():
+            error = rel_error(want)
+            check = (lambda out, e=error: e(unpad(out))) if "padded" in name else error
+            if served(name, call, check, notes):
+                timed[name] = call
+        with torch.no_grad() if factor == 1.0 else torch.enable_grad():
+            times = bench_all(timed, rounds)
+        for name, note in notes.items():
+            ms = times.get(name)
+            tflops = None if ms is None else factor * flops / ms / 1e9
+            seqs = "/".join(map(str, lengths))
+            rows.append({"part": part, "seq": seqs, "batch": 1, "causal": True, "name": name,
+                         "ms": ms, "tflops": tflops, "note": note})  # fmt: skip
+    return rows
+
+
+def _with_backward(forward: Any, inputs: Any, grad: torch.Tensor) -> Any:
+    """`forward`, then the gradient of its first input for `grad` at its out."""
+    if isinstance(forward, Forced):
+        return forward._replace(fn=_with_backward(forward.fn, inputs, grad))
+
+    def step() -> torch.Tensor:
+        out = forward()
+        out = out[0] if isinstance(out, tuple) else out
+        return torch.autograd.grad(out, inputs, grad)[0]
+
+    return step
+
+
 PREFILL_HEAD = "| contender | causal | seq | batch | TFLOP/s | ms | note |"
 DECODE_HEAD = "| contender | batch | kv_len | KV MB | GB/s | % of copy | us | note |"
 
@@ -228,7 +308,8 @@ def markdown(rows: list[dict], meta: dict) -> list[str]:
         f"{meta['date']}, commit {meta['commit']}, torch {meta['torch']}; bf16, GQA "
         f"{HEADS}/{KV_HEADS}, head_dim {DIM}; copy {meta['copy_gbps']:.0f} GB/s.",
     ]
-    for part in ("forward", "forward+backward", "decode"):
+    for part in ("forward", "forward+backward", "packed forward", "packed forward+backward",
+                 "decode"):  # fmt: skip
         part_rows = [r for r in rows if r["part"] == part]
         if not part_rows:
             continue
@@ -247,7 +328,7 @@ def _num(value: float | None, digits: int = 0) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("prefill", "decode", "all"), default="all")
+    parser.add_argument("--part", choices=("prefill", "decode", "packed", "all"), default="all")
     parser.add_argument("--quick", action="store_true", help="1K and 4K, 4K tokens: a smoke run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default=str(results_dir("attention")))
@@ -259,6 +340,8 @@ def main() -> None:
     rows: list[dict] = []
     if args.part in ("prefill", "all"):
         rows += [r for s in seqs for c in (True, False) for r in prefill(s, c, args.rounds, tokens)]
+    if args.part in ("packed", "all"):
+        rows += packed(PACKED[2:6] if args.quick else PACKED, args.rounds)
     if args.part in ("decode", "all"):
         shapes = DECODE[:2] + DECODE[3:5] if args.quick else DECODE
         rows += [r for b, n in shapes for r in decode(b, n, args.rounds, copy)]

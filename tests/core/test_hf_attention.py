@@ -10,7 +10,7 @@ import torch
 
 import tileops.nn as tnn
 from tileops.nn import hf_attention
-from tileops.ops.attention import prefill
+from tileops.ops.attention import prefill, varlen
 
 transformers = pytest.importorskip("transformers")
 
@@ -108,6 +108,51 @@ def test_padded_batches_come_with_a_mask_and_run_through_sdpa(attention_calls):
         got = ours(ids, attention_mask=mask).logits
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert attention_calls == []  # the masked calls went to transformers' SDPA function
+
+
+def packed_row(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """Sequences of `lengths` packed into one row, as DataCollatorWithFlattening packs them:
+    ids, position ids restarting per sequence, and the flash-attention keywords."""
+    ids = torch.cat([tokens(1, n, seed=i)[0] for i, n in enumerate(lengths)]).unsqueeze(0)
+    positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
+    offsets = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
+    flash = {"cu_seq_lens_q": offsets, "cu_seq_lens_k": offsets}
+    flash |= {"max_length_q": max(lengths), "max_length_k": max(lengths)}
+    return ids, positions, flash
+
+
+def test_packed_sequences_run_through_the_varlen_op_as_each_sequence_alone(monkeypatch):
+    seen = []
+    attend_varlen = varlen.attend_varlen
+
+    def counting(q, *args, **options):
+        seen.append(q.shape[0])
+        return attend_varlen(q, *args, **options)
+
+    monkeypatch.setattr(varlen, "attend_varlen", counting)
+    sdpa, ours = pair()
+    lengths = [5, 9, 3]
+    ids, positions, flash = packed_row(lengths)
+    with torch.no_grad():
+        got = ours(ids, position_ids=positions, **flash).logits[0]
+        alone = [sdpa(tokens(1, n, seed=i)).logits[0] for i, n in enumerate(lengths)]
+    torch.testing.assert_close(got, torch.cat(alone), rtol=1e-5, atol=1e-5)
+    assert seen == [sum(lengths)] * TINY["num_hidden_layers"]
+
+
+def test_a_packed_training_step_has_the_gradients_of_each_sequence_alone():
+    sdpa, ours = pair()
+    sdpa.train(), ours.train()
+    lengths = [6, 4, 8]
+    ids, positions, flash = packed_row(lengths)
+    probe = torch.randn(
+        sum(lengths), TINY["vocab_size"], generator=torch.Generator().manual_seed(3)
+    )
+    (ours(ids, position_ids=positions, **flash).logits[0] * probe).sum().backward()
+    alone = [sdpa(tokens(1, n, seed=i)).logits[0] for i, n in enumerate(lengths)]
+    (torch.cat(alone) * probe).sum().backward()
+    for (name, want), got in zip(sdpa.named_parameters(), ours.parameters(), strict=True):
+        torch.testing.assert_close(got.grad, want.grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_calls_the_op_cannot_serve_fall_back_to_sdpa(attention_calls):

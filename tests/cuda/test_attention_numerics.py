@@ -14,8 +14,15 @@ from test_attention_compile import sm_90_variant
 
 import tileops
 import tileops_cuda
-from tileops import AttentionBwdOp, AttentionDecodeOp, AttentionFwdOp, pinned
-from tileops.ops.attention._math import attend, attend_grads
+from tileops import (
+    AttentionBwdOp,
+    AttentionDecodeOp,
+    AttentionFwdOp,
+    AttentionVarlenBwdOp,
+    AttentionVarlenFwdOp,
+    pinned,
+)
+from tileops.ops.attention._math import attend, attend_grads, attend_varlen, attend_varlen_grads
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("cuda_kernels_only")]
 
@@ -364,3 +371,72 @@ def test_the_tilelang_paged_decode_matches_the_float64_reference(block_size, q_l
         out, lse = op(q, k_cache, v_cache, lens, table)
     want = op.reference_forward(q.double(), k_cache.double(), v_cache.double(), lens, table)
     check(out, lse, *want, BF16)
+
+
+# -- packed sequences ------------------------------------------------------------------------
+
+# (sequences as (q_len, kv_len), heads, kv_heads, dim, causal, window): empty sequences, one
+# without keys, causal rows without keys (q_len > kv_len), grouped heads, windows, decode rows
+PACKS = [
+    ([(300, 300), (0, 5), (1000, 1000), (17, 17)], 8, 2, 128, True, None),
+    ([(64, 200), (130, 70), (3, 0), (256, 256)], 4, 4, 64, True, None),
+    ([(500, 700), (1, 1), (333, 129)], 8, 1, 128, False, None),
+    ([(777, 777), (200, 900)], 8, 2, 128, True, 96),
+    ([(1, 4096), (1, 100), (1, 1)], 32, 8, 128, True, None),
+]
+
+
+def packed_inputs(lengths, heads, kv_heads, dim, dtype):
+    generator = torch.Generator(device="cuda").manual_seed(len(lengths))
+
+    def randn(*shape):
+        return torch.randn(shape, device="cuda", generator=generator).to(dtype)
+
+    q_lens, kv_lens = zip(*lengths, strict=True)
+    cu_q, cu_k = ([0, *torch.tensor(lens).cumsum(0).tolist()] for lens in (q_lens, kv_lens))
+    q, k, v = (
+        randn(cu_q[-1], heads, dim),
+        randn(cu_k[-1], kv_heads, dim),
+        randn(cu_k[-1], kv_heads, dim),
+    )
+    offsets = [torch.tensor(cu, device="cuda", dtype=torch.int32) for cu in (cu_q, cu_k)]
+    return q, k, v, *offsets
+
+
+@pytest.mark.parametrize("pack", PACKS, ids=str)
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_flash_attention_over_packed_sequences_matches_the_float64_reference(pack, dtype):
+    lengths, heads, kv_heads, dim, causal, window = pack
+    q, k, v, cu_q, cu_k = packed_inputs(lengths, heads, kv_heads, dim, dtype)
+    grad_out = torch.randn_like(q)
+    scale = 1 / math.sqrt(dim)
+    options = {"scale": scale, "causal": causal, "window": window}
+    with tileops.record() as calls:
+        out, lse = AttentionVarlenFwdOp(causal, None, window)(q, k, v, cu_q, cu_k)
+        grads = AttentionVarlenBwdOp(causal, None, window)(grad_out, q, k, v, cu_q, cu_k, out, lse)
+        recomputed = AttentionVarlenBwdOp(causal, None, window)(grad_out, q, k, v, cu_q, cu_k)
+    assert {served.key for served in calls.counts} == {"sdpa_flash"}, calls.summary()
+    q64, k64, v64 = (t.double() for t in (q, k, v))
+    want, want_lse = attend_varlen(q64, k64, v64, cu_q, cu_k, **options)
+    assert rel_err(out, want) < TOLERANCE[dtype]
+    assert torch.equal(lse.isneginf(), want_lse.isneginf())  # rows without keys: -inf
+    assert rel_err(lse, want_lse) < 1e-5
+    wanted = attend_varlen_grads(grad_out.double(), q64, k64, v64, cu_q, cu_k, **options)
+    for found in (grads, recomputed):
+        for got, want, like in zip(found, wanted, (q, k, v), strict=True):
+            assert got.shape == like.shape and got.dtype == like.dtype and got.is_contiguous()
+            assert rel_err(got, want) < 2 * TOLERANCE[dtype]
+
+
+def test_packed_sequences_train_through_autograd_as_each_sequence_alone():
+    q, k, v, cu_q, cu_k = packed_inputs([(300, 300), (700, 700)], 8, 2, 128, BF16)
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out, _ = AttentionVarlenFwdOp(causal=True)(q, k, v, cu_q, cu_k)
+    out.float().square().sum().backward()
+    for rows in (slice(0, 300), slice(300, 1000)):
+        one = [t.detach()[rows].transpose(0, 1).unsqueeze(0).requires_grad_() for t in (q, k, v)]
+        alone = F.scaled_dot_product_attention(*one, is_causal=True, enable_gqa=True)
+        alone.float().square().sum().backward()
+        for packed, single in zip((q, k, v), one, strict=True):
+            want = single.grad[0].transpose(0, 1)
+            assert rel_err(packed.grad[rows], want) < 2 * TOLERANCE[BF16]

@@ -17,6 +17,9 @@ from tileops.ops import (
     AttentionDecodeCall,
     AttentionDecodeOp,
     AttentionFwdOp,
+    AttentionVarlenBwdOp,
+    AttentionVarlenCall,
+    AttentionVarlenFwdOp,
 )
 from tileops.testing import simulate_device
 from tileops_cuda.attention import kernels
@@ -197,12 +200,54 @@ def test_the_vendor_kernels_are_registered_on_both_ops():
         "sdpa_efficient",
         "tilelang_flash_bwd",
     }
+    assert set(tileops_cuda.KERNELS[AttentionVarlenFwdOp]) == {"sdpa_flash"}
+    assert set(tileops_cuda.KERNELS[AttentionVarlenBwdOp]) == {"sdpa_flash"}
+
+
+def varlen_call(heads=32, kv_heads=8, dim=128, v_dim=None, dtype=BF16, window=None, scale=0.1):
+    return AttentionVarlenCall(
+        device=torch.device("cuda:0"), seqs=8, heads=heads, kv_heads=kv_heads, total_q=16384,
+        total_k=16384, head_dim=dim, v_dim=v_dim or dim, causal=True, scale=scale, dtype=dtype,
+        window=window,
+    )  # fmt: skip
+
+
+VARLEN_CHOICES = [  # (call, arch, the forward's key, the backward's key)
+    (varlen_call(), 90, "sdpa_flash", "sdpa_flash"),  # a packed GQA training batch
+    (varlen_call(window=4096), 80, "sdpa_flash", "sdpa_flash"),  # FlashAttention's windows
+    (varlen_call(dim=256, kv_heads=32), 90, "sdpa_flash", "sdpa_flash"),
+    (varlen_call(dim=208), 86, "sdpa_flash", "reference"),  # its backward lacks (192, 224]
+    (varlen_call(dtype=torch.float32), 90, "reference", "reference"),
+    (varlen_call(dim=128, v_dim=64), 90, "reference", "reference"),
+    (varlen_call(dim=36), 90, "reference", "reference"),
+    (varlen_call(scale=-0.1), 90, "reference", "reference"),
+]
+
+
+@pytest.mark.parametrize("call, arch, forward, backward", VARLEN_CHOICES)
+def test_packed_sequences_go_to_flash_attention_where_it_serves(call, arch, forward, backward):
+    with simulate_device("cuda:0", arch=arch, **SIMULATED[arch]):
+        assert AttentionVarlenFwdOp(causal=True).key_for("attention_varlen", call) == forward
+        assert AttentionVarlenBwdOp(causal=True).key_for("attention_varlen_bwd", call) == backward
+
+
+def test_the_varlen_kernels_say_what_they_cannot_serve():
+    with simulate_device("cuda:0", arch=86, **SIMULATED[86]):
+        refusals = [
+            kernels.SdpaFlashVarlen.refusal(varlen_call(dtype=torch.float32)),
+            kernels.SdpaFlashVarlen.refusal(varlen_call(v_dim=64)),
+            kernels.SdpaFlashVarlen.refusal(varlen_call(scale=0.0)),
+            kernels.SdpaFlashVarlenBackward.refusal(varlen_call(dim=200)),
+        ]
+    assert "(float16, bfloat16 only)" in refusals[0]
+    assert "one head dim for q, k and v, not 128 and 64" in refusals[1]
+    assert "the online softmax needs a positive scale" in refusals[2]
+    assert "no kernel for head dims in (192, 224]" in refusals[3]
 
 
 def test_audit_finds_no_gap_and_no_ambiguity_in_the_attention_ops(capsys):
-    code = main(
-        ["audit", "AttentionFwdOp", "AttentionBwdOp", "AttentionDecodeOp", "--arch", "80,86,90"]
-    )
+    ops = ["AttentionFwdOp", "AttentionBwdOp", "AttentionDecodeOp", "AttentionVarlenFwdOp"]
+    code = main(["audit", *ops, "AttentionVarlenBwdOp", "--arch", "80,86,90"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "OK: every probed call is served by exactly one kernel" in out

@@ -13,6 +13,8 @@ from tileops.ops import (
     AttentionBwdOp,
     AttentionDecodeOp,
     AttentionFwdOp,
+    AttentionVarlenBwdOp,
+    AttentionVarlenFwdOp,
     BatchNormFwdOp,
     GemmOp,
     LayerNormFwdOp,
@@ -94,6 +96,8 @@ KERNELS = {
         "tilelang_flash_decode": attention_kernels.TileLangCacheDecode,
         "tilelang_paged_decode": attention_kernels.TileLangPagedDecode,
     },
+    AttentionVarlenFwdOp: {"sdpa_flash": attention_kernels.SdpaFlashVarlen},
+    AttentionVarlenBwdOp: {"sdpa_flash": attention_kernels.SdpaFlashVarlenBackward},
 }
 """The kernels this package writes (TileLang, and torch's SDPA backends for attention): op
 class -> key -> kernel class."""

@@ -10,6 +10,11 @@ windows shorter than the keys) or that need what the op has not (attention dropo
 sinks, position biases, attention weights) run through transformers' SDPA function itself, so
 the results are those of `"sdpa"` wherever they come from.
 
+Sequences packed into one row with transformers' flash-attention keywords (`cu_seq_lens_q`,
+`cu_seq_lens_k`, as `DataCollatorWithFlattening(return_flash_attn_kwargs=True)` provides) run
+through `AttentionVarlenFwdOp` on those offsets, as transformers' FlashAttention path runs
+them; the mask built for such a row only repeats the packing.
+
 transformers is imported only when registering, never by `import tileops.nn`.
 """
 
@@ -19,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..ops import AttentionFwdOp
+from ..ops import AttentionFwdOp, AttentionVarlenFwdOp
 from ._ops import op_for
 
 NAME = "tileops"
@@ -42,15 +47,23 @@ def attention_function(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention function contract: q (batch, heads, q_len, dim), k and v
     (batch, kv_heads, kv_len, dim) -> ((batch, q_len, heads, dim) output, no weights)."""
-    if attention_mask is not None or dropout > 0.0 or _unserved(kwargs):
+    served = dropout == 0.0 and not _unserved(kwargs)
+    causal = getattr(module, "is_causal", True) if is_causal is None else bool(is_causal)
+    offsets = _packed_offsets(query, kwargs)
+    if served and offsets is not None:
+        window = kwargs.get("sliding_window") if causal else None
+        attention = op_for(AttentionVarlenFwdOp, query.device, causal, scaling, window)
+        packed = (t[0].transpose(0, 1) for t in (query, key, value))  # (tokens, heads, dim)
+        out, _ = attention(*packed, *offsets)
+        return out.unsqueeze(0), None
+    if attention_mask is not None or not served:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs
         )
     q_len, kv_len = query.shape[2], key.shape[2]
-    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
-    causal = bool(causal) and q_len > 1  # one query row sees every key (decode)
+    causal = causal and q_len > 1  # one query row sees every key (decode)
     if causal and kv_len > q_len:
         # No mask with more keys than queries only comes from an empty static cache, whose
         # slots past the queries are empty: SDPA's causal mask (top left) never reaches them.
@@ -58,6 +71,14 @@ def attention_function(
     attention = op_for(AttentionFwdOp, query.device, causal, scaling, None)
     out, _ = attention(query, key, value)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _packed_offsets(query: torch.Tensor, kwargs: dict[str, Any]) -> tuple | None:
+    """The offsets of sequences packed into query's one row, where transformers passes them."""
+    offsets = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
+    if query.shape[0] != 1 or any(t is None for t in offsets):
+        return None
+    return offsets
 
 
 def _unserved(kwargs: dict[str, Any]) -> bool:

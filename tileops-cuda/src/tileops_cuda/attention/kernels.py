@@ -1,6 +1,7 @@
 """Attention kernels: torch's SDPA backends (vendor) and TileLang's, on the "attention"
-interface of AttentionFwdOp, the "attention_bwd" interface of AttentionBwdOp and the
-"attention_decode" and "attention_paged_decode" interfaces of AttentionDecodeOp.
+interface of AttentionFwdOp, the "attention_bwd" interface of AttentionBwdOp, the
+"attention_decode" and "attention_paged_decode" interfaces of AttentionDecodeOp, and
+FlashAttention's varlen entry points on AttentionVarlenFwdOp and AttentionVarlenBwdOp.
 
 | key                     | archs     | serves                                    | preferred over |
 |-------------------------|-----------|-------------------------------------------|----------------|
@@ -18,11 +19,13 @@ interface of AttentionFwdOp, the "attention_bwd" interface of AttentionBwdOp and
 |                         |           | kv head's query rows fit the decode tile) | sdpa_efficient |
 | tilelang_paged_decode   | sm_80..90 | as the decode, over a paged cache: blocks |                |
 |                         |           | of a power of two >= 8 slots              |                |
+| sdpa_flash (varlen)     | sm_80..90 | packed sequences: 16-bit; head_dim =      |                |
+|                         |           | v_dim <= 256, multiple of 8; windows      |                |
 
 No SDPA kernel takes a sliding window. Every SDPA kernel is preferred over the TileLang
 forwards; the backward interface has the three SDPA kernels alone, in the same order.
 AttentionDecodeOp's "tilelang_flash_decode" (contiguous cache) and "tilelang_paged_decode" have
-no vendor kernel beside them.
+no vendor kernel beside them; the varlen ops have FlashAttention alone (TUNING.md#varlen).
 
 cuDNN over FlashAttention 2 over the memory-efficient kernel is the H200's measured order
 (TUNING.md#vendor-order). The TileLang forwards lose to every vendor kernel that serves a call:
@@ -50,6 +53,9 @@ from tileops.ops import (
     AttentionDecodeInterface,
     AttentionInterface,
     AttentionPagedDecodeInterface,
+    AttentionVarlenBwdInterface,
+    AttentionVarlenCall,
+    AttentionVarlenInterface,
 )
 
 from .._common.arith import AMPERE_AND_LATER
@@ -69,14 +75,18 @@ FLASH_MAX_DIM = 256
 CUDNN_MAX_BATCH_HEADS = 65535
 
 
-def shared_refusal(call: AttentionCall, dtypes: tuple[torch.dtype, ...]) -> str | None:
-    """What no SDPA backend serves: dtypes beyond `dtypes`, sliding windows, scales <= 0."""
+def dtype_refusal(call: Any, dtypes: tuple[torch.dtype, ...]) -> str | None:
     if call.dtype not in dtypes:
         names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
         return f"{call.dtype} is not served ({names} only); the reference serves it"
+    return None
+
+
+def shared_refusal(call: AttentionCall, dtypes: tuple[torch.dtype, ...]) -> str | None:
+    """What no SDPA backend serves: dtypes beyond `dtypes`, sliding windows, scales <= 0."""
     if call.window is not None:
         return "torch's SDPA kernels take no sliding window"
-    return scale_refusal(call)
+    return dtype_refusal(call, dtypes) or scale_refusal(call)
 
 
 def top_left_causal(call: AttentionCall) -> str | None:
@@ -89,7 +99,7 @@ def top_left_causal(call: AttentionCall) -> str | None:
     return None
 
 
-def dims_refusal(call: AttentionCall, multiple: int, limit: int | None) -> str | None:
+def dims_refusal(call: Any, multiple: int, limit: int | None) -> str | None:
     dims = {call.head_dim, call.v_dim}
     if any(d % multiple for d in dims) or (limit is not None and max(dims) > limit):
         most = f", at most {limit}" if limit else ""
@@ -142,6 +152,21 @@ class _Cudnn(_Sdpa):
         )
 
 
+def flash_dims_refusal(call: Any) -> str | None:
+    if call.head_dim != call.v_dim:
+        return (
+            f"FlashAttention takes one head dim for q, k and v, not {call.head_dim} and "
+            f"{call.v_dim}"
+        )
+    return dims_refusal(call, 8, FLASH_MAX_DIM)
+
+
+def flash_backward_refusal(call: Any) -> str | None:
+    if call.arch in (86, 89) and 192 < call.head_dim <= 224:
+        return "FlashAttention's backward has no kernel for head dims in (192, 224] on sm_86/89"
+    return None
+
+
 class _Flash(_Sdpa):
     """FlashAttention 2 (torch's flash SDPA backend); grouped heads natively."""
 
@@ -149,17 +174,12 @@ class _Flash(_Sdpa):
 
     @classmethod
     def backend_refusal(cls, call: AttentionCall) -> str | None:
-        if call.head_dim != call.v_dim:
-            return (
-                f"FlashAttention takes one head dim for q, k and v, not {call.head_dim} and "
-                f"{call.v_dim}"
-            )
         if call.causal and call.q_len > call.kv_len:
             return (
                 f"q_len={call.q_len} > kv_len={call.kv_len}: the first rows see no key, for which "
                 "FlashAttention's log-sum-exp is +inf where the interface's is -inf"
             )
-        return shared_refusal(call, HALF) or dims_refusal(call, 8, FLASH_MAX_DIM)
+        return shared_refusal(call, HALF) or flash_dims_refusal(call)
 
 
 class _Efficient(_Sdpa):
@@ -230,13 +250,51 @@ class SdpaFlashBackward(_Flash, _SdpaBackward):
 
     @classmethod
     def backend_refusal(cls, call: AttentionCall) -> str | None:
-        if call.arch in (86, 89) and 192 < call.head_dim <= 224:
-            return "FlashAttention's backward has no kernel for head dims in (192, 224] on sm_86/89"
-        return super().backend_refusal(call)
+        return flash_backward_refusal(call) or super().backend_refusal(call)
 
 
 class SdpaEfficientBackward(_Efficient, _SdpaBackward):
     """The memory-efficient kernel's backward on repeated kv heads, summed back per group."""
+
+
+class _FlashVarlen(Kernel):
+    """FlashAttention 2's varlen entry points (`sdpa.flash_varlen_forward`): grouped heads and
+    sliding windows natively, each sequence's causal mask aligned to its bottom right."""
+
+    supported_archs = AMPERE_AND_LATER
+
+    @classmethod
+    def refusal(cls, call: AttentionVarlenCall) -> str | None:
+        return dtype_refusal(call, HALF) or scale_refusal(call) or flash_dims_refusal(call)
+
+    @classmethod
+    def entry_for(cls, call: AttentionVarlenCall) -> tuple[Hashable, Build]:
+        identity = (call.causal, call.scale, call.window)
+        return identity, lambda: cls(*identity)
+
+    def __init__(self, causal: bool, scale: float, window: int | None) -> None:
+        self.causal, self.scale, self.window = causal, scale, window
+
+
+class SdpaFlashVarlen(_FlashVarlen, AttentionVarlenInterface):
+    def forward(self, q, k, v, cu_seqlens_q, cu_seqlens_k) -> tuple[Tensor, Tensor]:
+        mask = self.causal, self.scale, self.window
+        return sdpa.flash_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, *mask)
+
+
+class SdpaFlashVarlenBackward(_FlashVarlen, AttentionVarlenBwdInterface):
+    """FlashAttention 2's varlen backward, from the forward's out and lse where given."""
+
+    @classmethod
+    def refusal(cls, call: AttentionVarlenCall) -> str | None:
+        return flash_backward_refusal(call) or super().refusal(call)
+
+    def forward(self, grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse) -> tuple:
+        saved = None if out is None else (out, lse)
+        mask = self.causal, self.scale, self.window
+        return sdpa.flash_varlen_backward(
+            grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, saved, *mask
+        )
 
 
 # -- TileLang --------------------------------------------------------------------------------

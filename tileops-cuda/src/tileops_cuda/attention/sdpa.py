@@ -10,6 +10,11 @@ take the forward's random-number state), the backward recomputes the forward wit
 backend and runs that backend's backward. No autograd is involved, so it also runs inside the
 backward operator, where autograd does not record.
 
+FlashAttention's varlen entry points (`flash_varlen_forward`, `flash_varlen_backward`) take
+packed sequences with their offsets and a sliding window. They are given the whole pack's token
+counts as the longest sequence's: the real lengths live on the GPU, and reading them would stop
+the host; a block past its sequence's end exits at once.
+
 Causal masks: FlashAttention's entry point aligns its causal mask to the bottom right, as the
 attention interfaces do (torch's `causal_lower_right` bias calls it so); cuDNN's and the
 memory-efficient kernel's align to the top left, the same only where q_len == kv_len. Which
@@ -19,6 +24,7 @@ calls each backend serves is declared in `kernels`.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -118,6 +124,42 @@ def efficient_backward(
         scale=scale,
     )  # fmt: skip
     return grad_q, sum_groups(grad_k, kv_heads), sum_groups(grad_v, kv_heads)
+
+
+def flash_varlen_forward(
+    q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, causal: bool, scale: float,
+    window: int | None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(out, lse) of FlashAttention's varlen forward, lse as the interface's (total_q, heads):
+    -inf, not FlashAttention's +inf, where a query sees no key."""
+    out, lse, *_ = aten._flash_attention_forward(
+        q, k, v, cu_q, cu_k, q.shape[0], k.shape[0], 0.0, causal, False, scale=scale,
+        **_window_sizes(window),
+    )  # fmt: skip
+    lse = lse.t().contiguous()  # FlashAttention's (heads, total_q)
+    return out, lse.nan_to_num_(nan=math.nan, posinf=-math.inf)
+
+
+def flash_varlen_backward(
+    grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, saved: Saved,
+    causal: bool, scale: float, window: int | None,
+) -> tuple[Tensor, Tensor, Tensor]:  # fmt: skip
+    """(grad_q, grad_k, grad_v) of FlashAttention's varlen backward, from the forward's (out,
+    lse) where given, else after the forward once more."""
+    out, lse = saved or flash_varlen_forward(q, k, v, cu_q, cu_k, causal, scale, window)
+    lse = lse.nan_to_num(nan=math.nan, neginf=math.inf).t().contiguous()
+    no_dropout = torch.zeros(2, dtype=torch.uint64, device=q.device)  # its random state: unread
+    grads = aten._flash_attention_backward(
+        grad_out, q, k, v, out, lse, cu_q, cu_k, q.shape[0], k.shape[0], 0.0, causal,
+        no_dropout, no_dropout[0], scale=scale, **_window_sizes(window),
+    )  # fmt: skip
+    return tuple(g.contiguous() for g in grads[:3])
+
+
+def _window_sizes(window: int | None) -> dict[str, int]:
+    """The interface's window of `window` keys (a query's own and those before it) in
+    FlashAttention's terms: `window - 1` keys to the left, none to the right."""
+    return {} if window is None else {"window_size_left": window - 1, "window_size_right": 0}
 
 
 FORWARDS = {"cudnn": cudnn_forward, "flash": flash_forward, "efficient": efficient_forward}
