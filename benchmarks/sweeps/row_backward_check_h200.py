@@ -14,7 +14,7 @@ import torch.nn.functional as F
 CASES = []
 for kind in ("rms", "layer"):
     for n, rows in ((1, 37), (7, 37), (1000, 300), (1000, 5000), (4096, 64), (4096, 1000),
-                    (8192, 300), (16384, 9), (16384, 300), (32768, 20)):  # fmt: skip
+                    (8192, 300), (16384, 9), (16384, 300), (32768, 20), (65536, 70)):  # fmt: skip
         for dtype in ("bfloat16", "float32", "float16"):
             for affine in ("both", "none", "fp32"):
                 if dtype != "bfloat16" and affine == "fp32":

@@ -93,15 +93,35 @@ def test_serves_rows_that_fit_on_sm_80_and_sm_90(backward_only, op_cls, n, dtype
 
 @pytest.mark.parametrize("op_cls", OPS)
 def test_rows_past_the_registers_are_refused_with_the_reason(backward_only, op_cls):
+    n = 1 << 20  # the norms' largest cluster's slices too
     with simulate_device(CUDA, **H100):
-        explanation = _op(op_cls).explain("backward", _call(op_cls, 65536, torch.bfloat16))
+        explanation = _op(op_cls).explain("backward", _call(op_cls, n, torch.bfloat16))
     assert explanation.chosen == "reference_backward"
-    assert "a row of 65536 does not fit one block (" in str(explanation)
+    assert f"a row of {n} does not fit one block (" in str(explanation)
+
+
+def test_norm_rows_past_one_block_take_a_cluster_on_sm_90_only(backward_only):
+    """64K bf16 LayerNorm rows: four blocks of 16K columns share each row (sm_90); sm_80 has
+    no clusters and leaves them to Triton's looped kernel or the reference."""
+    budget = H100["smem_budget"]
+    plan = bk.norm_backward_plan(65536, torch.bfloat16, 2, 132, budget, clusters=True)
+    assert (plan.cluster, plan.padded, plan.hold, plan.stages) == (4, 16384, "shared", 2)
+    assert plan.programs == 33  # clusters: one block per SM
+    assert bk.norm_backward_plan(32768, torch.bfloat16, 2, 132, budget, clusters=True).cluster == 2
+    # a block would keep one stage of 32K RMSNorm rows: a cluster keeps two
+    assert bk.norm_backward_plan(32768, torch.bfloat16, 1, 132, budget).stages == 1
+    assert bk.norm_backward_plan(32768, torch.bfloat16, 1, 132, budget, clusters=True).cluster == 2
+    call = _call(LayerNormFwdOp, 65536, torch.bfloat16)
+    with simulate_device(CUDA, **H100):
+        assert LayerNormFwdOp(8).key_for("backward", call) == bk.BACKWARD_KEY
+    with simulate_device(CUDA, **{**H100, "arch": 80}):
+        assert LayerNormFwdOp(8).key_for("backward", call) == "reference_backward"
 
 
 def test_norm_rows_past_the_registers_are_read_from_shared_memory(backward_only):
     """x and dy held in registers beside the partials up to 8K bf16; longer rows keep only the
-    partials there (16K LayerNorm with both, 32K RMSNorm with dweight); softmax has no staging."""
+    partials there (16K LayerNorm with both, 32K RMSNorm with dweight); beyond, sm_80 (no
+    clusters) refuses; softmax has no staging."""
     budget = H100["smem_budget"]
     assert bk.norm_backward_plan(8192, torch.bfloat16, 2, 132, budget).hold == "registers"
     assert bk.norm_backward_plan(16384, torch.bfloat16, 2, 132, budget).hold == "shared"
@@ -109,11 +129,12 @@ def test_norm_rows_past_the_registers_are_read_from_shared_memory(backward_only)
     with simulate_device(CUDA, **H100):
         rms = _call(RMSNormFwdOp, 32768, torch.bfloat16)
         assert RMSNormFwdOp(8).key_for("backward", rms) == bk.BACKWARD_KEY
+        softmax = _call(SoftmaxFwdOp, 32768, torch.bfloat16)
+        assert SoftmaxFwdOp().key_for("backward", softmax) == "reference_backward"
+    with simulate_device(CUDA, **{**H100, "arch": 80}):
         layer = _call(LayerNormFwdOp, 32768, torch.bfloat16)
         explanation = str(LayerNormFwdOp(8).explain("backward", layer))
         assert "2 float32 register values per element for the parameter gradients'" in explanation
-        softmax = _call(SoftmaxFwdOp, 32768, torch.bfloat16)
-        assert SoftmaxFwdOp().key_for("backward", softmax) == "reference_backward"
 
 
 def test_norms_stage_two_rows_where_shared_memory_allows_and_one_where_not():
@@ -196,6 +217,20 @@ def test_kernel_compiles_to_cubin(case, arch, tilelang_cache):
     assert "__global__" in kernel.compiled.get_kernel_source()
 
 
+def test_a_cluster_exchanges_each_sum_through_its_blocks_shared_memory(tilelang_cache):
+    """RMSNorm's 64K rows over a cluster of 4 (x and dy read from shared memory): each of the
+    row's two sums crosses the cluster once."""
+    call = _call(RMSNormFwdOp, 65536, torch.bfloat16)
+    with simulate_device(CUDA, arch=90, sm_count=132, smem_budget=SMEM_BUDGET[90]):
+        identity, build = bk.TileLangRMSNormBackward.entry_for(call)
+        kernel = build()
+    assert identity[-1].cluster == 4 and identity[-1].hold == "shared"
+    source = kernel.compiled.get_kernel_source()
+    assert source.count("tl::cluster_sync()") == 2
+    assert source.count("map_shared_rank") == 2
+    assert "tl::cluster_arrive_relaxed()" in source and "tl::cluster_wait()" in source
+
+
 def test_norm_backward_copies_the_next_row_while_this_one_computes(tilelang_cache):
     """cp.async into the other stage, then a wait that leaves that copy in flight; the
     launch bounds hold the plan's residency."""
@@ -213,7 +248,7 @@ def test_norm_backward_copies_the_next_row_while_this_one_computes(tilelang_cach
 
 # (1000, 4096) and (300, 16384): several rows per persistent block, through both stages
 GPU_SHAPES = [(37, 1), (37, 7), (300, 1000), (64, 4096), (1000, 4096), (33, 8192), (9, 16384),
-              (300, 16384), (5, 32768)]  # fmt: skip
+              (300, 16384), (5, 32768), (70, 65536)]  # fmt: skip
 
 
 def _grads(fn, tensors, dy):
@@ -255,8 +290,8 @@ def test_gpu_gradients_match_float64(backward_only, shape, dtype):
     for op, fn, tensors in cases.values():
         kept = (fn(*tensors),) if type(op).saves_outputs else ()  # softmax's y
         call = backward_call(op, (dy,), tensors, kept, (True,) * len(tensors), False)
-        rms_32k = op is cases["rms"][0] and dtype != torch.float32
-        if n <= 16384 or (n == 32768 and rms_32k):
+        norm = op is not cases["softmax"][0]
+        if n <= 16384 or norm:  # longer norm rows: a cluster of blocks (sm_90)
             assert op.key_for("backward", call) == bk.BACKWARD_KEY
         got = _grads(op, tensors, dy)
         want = _grads(fn, [t.double() for t in tensors], dy.double())

@@ -11,7 +11,6 @@ a persistent grid and write per-block partials of dweight/dbias, summed here in 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Hashable
 from typing import Any, ClassVar
 
@@ -50,6 +49,10 @@ MAX_REGISTERS = 255  # per thread
 # The norms' program places every barrier it needs itself: TileLang's would add one per row
 # after the cp.async wait, where each lane reads only the vectors it copied (backward_program).
 OWN_BARRIERS = {"tl.disable_thread_storage_sync": True}
+# A cluster's blocks write their row sums into each other's shared memory while the receiver
+# still works: no buffer may share its region with another TileLang deems dead by then.
+CLUSTER_BARRIERS = {**OWN_BARRIERS, "tl.disable_shared_memory_reuse": True}
+MAX_CLUSTER = 8  # the portable cluster size on sm_90
 EMPTY_ROWS = "rows of length 0 have no gradient to compute; the reference serves them"
 
 
@@ -58,36 +61,61 @@ def backward_plan(n: int, dtype: torch.dtype, arrays: int, sm_count: int) -> Bac
     when the block's registers cannot hold them. `programs`: a persistent grid of as many
     blocks as the multiprocessors keep resident."""
     vec = vector_width(n, dtype)
-    lanes = min(MAX_THREADS, max(WARP, pow2_ceil(ceil_div(n, vec))))
-    chunks = ceil_div(n, lanes * vec)
-    registers = arrays * chunks * vec + OVERHEAD_REGISTERS
-    if registers > MAX_REGISTERS or lanes * registers > REGISTER_FILE:
+    lanes, chunks = _layout(n, vec)
+    resident = _resident(lanes, chunks * vec, arrays)
+    if resident is None:
         return None
-    resident = min(REGISTER_FILE // (lanes * registers), THREADS_PER_SM[90] // lanes, BLOCKS_PER_SM)
     return BackwardPlan(lanes, vec, chunks, max(sm_count, 1) * resident, resident)
 
 
 def norm_backward_plan(
-    n: int, dtype: torch.dtype, partials: int, sm_count: int, smem_budget: int
-) -> BackwardPlan | None:
+    n: int, dtype: torch.dtype, partials: int, sm_count: int, smem_budget: int,
+    clusters: bool = False,
+) -> BackwardPlan | None:  # fmt: skip
     """The norms' plan: x and dy staged through shared memory, two rows deep where the budget
     allows (one otherwise), and also held in float32 registers where those fit beside the
-    lane's `partials` (dweight, dbias); rows too long for that are read from shared memory."""
-    plan = backward_plan(n, dtype, 2 + partials, sm_count)
-    if plan is None:
-        plan = backward_plan(n, dtype, partials, sm_count)
-        if plan is None:
+    lane's `partials` (dweight, dbias); rows too long for that are read from shared memory.
+    Rows whose block would keep one stage, or that fit no block, are split over the smallest
+    cluster of 2, 4 or 8 (`clusters`: sm_90) whose slices keep two (TUNING.md#backward)."""
+    sizes = [1, *(2**k for k in range(1, MAX_CLUSTER.bit_length()) if clusters)]
+    plans = [_slice_plan(n, dtype, partials, sm_count, smem_budget, size) for size in sizes]
+    fitting = [plan for plan in plans if plan is not None]
+    return next((plan for plan in fitting if plan.stages == 2), fitting[0] if fitting else None)
+
+
+def _slice_plan(
+    n: int, dtype: torch.dtype, partials: int, sm_count: int, smem_budget: int, cluster: int
+) -> BackwardPlan | None:
+    """norm_backward_plan for blocks of `cluster` sharing each row, a slice of n each."""
+    vec = vector_width(n, dtype)
+    lanes, chunks = _layout(ceil_div(n, cluster), vec)
+    hold, resident = "registers", _resident(lanes, chunks * vec, 2 + partials)
+    if resident is None:
+        hold, resident = "shared", _resident(lanes, chunks * vec, partials)
+        if resident is None:
             return None
-        plan = dataclasses.replace(plan, hold="shared")
-    row_bytes = 2 * plan.padded * ITEMSIZE[dtype]  # x and dy
+    row_bytes = 2 * lanes * chunks * vec * ITEMSIZE[dtype]  # x and dy
     if row_bytes + REDUCE_SCRATCH_BYTES > smem_budget:
         return None
     stages = 2 if 2 * row_bytes + REDUCE_SCRATCH_BYTES <= smem_budget else 1
-    resident = min(plan.blocks_per_sm, smem_budget // (stages * row_bytes + REDUCE_SCRATCH_BYTES))
-    resident = max(resident, 1)
-    return dataclasses.replace(
-        plan, programs=max(sm_count, 1) * resident, blocks_per_sm=resident, stages=stages
-    )
+    resident = max(min(resident, smem_budget // (stages * row_bytes + REDUCE_SCRATCH_BYTES)), 1)
+    programs = max(max(sm_count, 1) * resident // cluster, 1)
+    return BackwardPlan(lanes, vec, chunks, programs, resident, stages, hold, cluster)
+
+
+def _layout(length: int, vec: int) -> tuple[int, int]:
+    """(lanes, chunks): `length` elements over at most a block's lanes, vectors of `vec`."""
+    lanes = min(MAX_THREADS, max(WARP, pow2_ceil(ceil_div(length, vec))))
+    return lanes, ceil_div(length, lanes * vec)
+
+
+def _resident(lanes: int, values: int, arrays: int) -> int | None:
+    """Blocks of `lanes` per multiprocessor when each lane holds `arrays` float32 values per
+    element of its `values`; None when one block's registers cannot hold them."""
+    registers = arrays * values + OVERHEAD_REGISTERS
+    if registers > MAX_REGISTERS or lanes * registers > REGISTER_FILE:
+        return None
+    return min(REGISTER_FILE // (lanes * registers), THREADS_PER_SM[90] // lanes, BLOCKS_PER_SM)
 
 
 class TileLangRowsBackward(Kernel):
@@ -153,7 +181,9 @@ class _NormBackward(TileLangRowsBackward):
     @classmethod
     def plan(cls, call: Any, sm_count: int) -> BackwardPlan | None:
         partials = sum(cls.wanted(call)[1:])
-        return norm_backward_plan(call.n, call.dtype, partials, sm_count, call.smem_budget)
+        return norm_backward_plan(
+            call.n, call.dtype, partials, sm_count, call.smem_budget, call.arch >= 90
+        )
 
     @classmethod
     def entry_for(cls, call: Any) -> tuple[Hashable, Any]:
@@ -165,7 +195,8 @@ class _NormBackward(TileLangRowsBackward):
         def build() -> _NormBackward:
             program = lambda: norm_backward_program(cls.kind, plan, call, wanted)  # noqa: E731
             name = f"{cls.__name__}{identity}"
-            built = build_program(name, program, call.arch, pass_configs=OWN_BARRIERS)
+            configs = CLUSTER_BARRIERS if plan.cluster > 1 else OWN_BARRIERS
+            built = build_program(name, program, call.arch, pass_configs=configs)
             return cls(built, plan, call.n, wanted)
 
         return identity, build
