@@ -4,6 +4,10 @@ torch through the ops (skipped without CUDA)."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import multiprocessing
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -28,14 +32,20 @@ SMEM_BUDGET = {80: 166912, 90: 232448}
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
-@pytest.fixture
-def backward_only():
-    """The row ops' backward served by tileops-cuda's kernels beside the reference only."""
+@contextlib.contextmanager
+def _backward_only():
     with isolated_registry():
         for op, keys in tileops_cuda.ROW_BACKWARD_KERNELS.items():
             REGISTRY.withdraw_kernel_types(op)
             for key, cls in keys.items():
                 register_kernel_type(op, key, cls)
+        yield
+
+
+@pytest.fixture
+def backward_only():
+    """The row ops' backward served by tileops-cuda's kernels beside the reference only."""
+    with _backward_only():
         yield
 
 
@@ -273,11 +283,11 @@ def _close(got, want, torchs, dtype):
             assert error < max(TOLERANCE[dtype], 2 * _error(t, w)), error
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
-def test_gpu_gradients_match_float64(backward_only, shape, dtype):
-    rows, n = shape
+GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def _gpu_cases(rows: int, n: int, dtype: torch.dtype) -> tuple[dict, torch.Tensor]:
+    """Per op (op, torch's function, inputs) on rows x n, and dy."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x = (torch.randn(rows, n, device="cuda", generator=g) * 3 + 2).to(dtype)
     w, b = (torch.randn(n, device="cuda", generator=g).to(dtype) for _ in range(2))
@@ -287,6 +297,34 @@ def test_gpu_gradients_match_float64(backward_only, shape, dtype):
         "layer": (LayerNormFwdOp(n), lambda *t: F.layer_norm(t[0], (n,), *t[1:]), (x, w, b)),
         "softmax": (SoftmaxFwdOp(-1), lambda t: torch.softmax(t, -1), (x,)),
     }
+    return cases, dy
+
+
+def _warm(job: tuple) -> None:
+    """In a worker: every kernel one GPU case runs, compiled into the disk cache."""
+    (rows, n), dtype = job
+    with _backward_only():
+        cases, dy = _gpu_cases(rows, n, dtype)
+        for op, _, tensors in cases.values():
+            _grads(op, tensors, dy)
+
+
+@pytest.fixture(scope="module")
+def warm_cache():
+    """Compile the GPU cases' kernels in parallel processes first (one at a time they take
+    minutes): the tests then load them from the disk cache."""
+    jobs = [(shape, dtype) for shape in GPU_SHAPES for dtype in GPU_DTYPES]
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(8, mp_context=context) as pool:
+        list(pool.map(_warm, jobs))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_gpu_gradients_match_float64(warm_cache, backward_only, shape, dtype):
+    rows, n = shape
+    cases, dy = _gpu_cases(rows, n, dtype)
     for op, fn, tensors in cases.values():
         kept = (fn(*tensors),) if type(op).saves_outputs else ()  # softmax's y
         call = backward_call(op, (dy,), tensors, kept, (True,) * len(tensors), False)
