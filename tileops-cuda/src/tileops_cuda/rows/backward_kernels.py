@@ -244,6 +244,15 @@ class TileLangLayerNormBackward(_NormBackward, LayerNormBackwardInterface):
 
     kind = "layer"
 
+    @classmethod
+    def own_refusal(cls, call: Any) -> str | None:
+        if call.n == 1:
+            return (
+                "a row of one column has dx exactly 0, where the kernel's fused multiply-add "
+                "leaves the rounding of dy * weight (TUNING.md#backward); the reference serves it"
+            )
+        return super().own_refusal(call)
+
 
 class TileLangSoftmaxBackward(TileLangRowsBackward, SoftmaxBackwardInterface):
     """Softmax's dx from the forward's y and dy, for rows that fit one block's registers."""
