@@ -4,6 +4,10 @@ torch through the ops (skipped without CUDA)."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import multiprocessing
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -28,14 +32,20 @@ SMEM_BUDGET = {80: 166912, 90: 232448}
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
-@pytest.fixture
-def backward_only():
-    """The row ops' backward served by tileops-cuda's kernels beside the reference only."""
+@contextlib.contextmanager
+def _backward_only():
     with isolated_registry():
         for op, keys in tileops_cuda.ROW_BACKWARD_KERNELS.items():
             REGISTRY.withdraw_kernel_types(op)
             for key, cls in keys.items():
                 register_kernel_type(op, key, cls)
+        yield
+
+
+@pytest.fixture
+def backward_only():
+    """The row ops' backward served by tileops-cuda's kernels beside the reference only."""
+    with _backward_only():
         yield
 
 
@@ -86,6 +96,8 @@ OPS = (RMSNormFwdOp, LayerNormFwdOp, SoftmaxFwdOp)
 @pytest.mark.parametrize("n", [1, 7, 1000, 4096, 8192])
 @pytest.mark.parametrize("op_cls", OPS)
 def test_serves_rows_that_fit_on_sm_80_and_sm_90(backward_only, op_cls, n, dtype):
+    if op_cls is LayerNormFwdOp and n == 1:
+        pytest.skip("one column goes to the reference: see the test below")
     for arch in (80, 90):
         with simulate_device(CUDA, **{**H100, "arch": arch}):
             assert _op(op_cls).key_for("backward", _call(op_cls, n, dtype)) == bk.BACKWARD_KEY
@@ -93,19 +105,64 @@ def test_serves_rows_that_fit_on_sm_80_and_sm_90(backward_only, op_cls, n, dtype
 
 @pytest.mark.parametrize("op_cls", OPS)
 def test_rows_past_the_registers_are_refused_with_the_reason(backward_only, op_cls):
+    n = 1 << 20  # the norms' largest cluster's slices too
     with simulate_device(CUDA, **H100):
-        explanation = _op(op_cls).explain("backward", _call(op_cls, 32768, torch.bfloat16))
+        explanation = _op(op_cls).explain("backward", _call(op_cls, n, torch.bfloat16))
     assert explanation.chosen == "reference_backward"
-    assert "a row of 32768 does not fit one block's registers" in str(explanation)
+    assert f"a row of {n} does not fit one block (" in str(explanation)
 
 
-def test_the_region_grows_when_no_parameter_gradient_is_needed(backward_only):
-    """dweight needs a third array per lane: 16K bf16 rows fit without it only."""
+def test_norm_rows_past_one_block_take_a_cluster_on_sm_90_only(backward_only):
+    """64K bf16 LayerNorm rows: four blocks of 16K columns share each row (sm_90); sm_80 has
+    no clusters and leaves them to Triton's looped kernel or the reference."""
+    budget = H100["smem_budget"]
+    plan = bk.norm_backward_plan(65536, torch.bfloat16, 2, 132, budget, clusters=True)
+    assert (plan.cluster, plan.padded, plan.hold, plan.stages) == (4, 16384, "shared", 2)
+    assert plan.programs == 33  # clusters: one block per SM
+    assert bk.norm_backward_plan(32768, torch.bfloat16, 2, 132, budget, clusters=True).cluster == 2
+    # a block would keep one stage of 32K RMSNorm rows: a cluster keeps two
+    assert bk.norm_backward_plan(32768, torch.bfloat16, 1, 132, budget).stages == 1
+    assert bk.norm_backward_plan(32768, torch.bfloat16, 1, 132, budget, clusters=True).cluster == 2
+    call = _call(LayerNormFwdOp, 65536, torch.bfloat16)
     with simulate_device(CUDA, **H100):
-        wanted = _call(RMSNormFwdOp, 16384, torch.bfloat16)
-        dx_only = _call(RMSNormFwdOp, 16384, torch.bfloat16, needs=(True, False))
-        assert RMSNormFwdOp(8).key_for("backward", wanted) == "reference_backward"
-        assert RMSNormFwdOp(8).key_for("backward", dx_only) == bk.BACKWARD_KEY
+        assert LayerNormFwdOp(8).key_for("backward", call) == bk.BACKWARD_KEY
+    with simulate_device(CUDA, **{**H100, "arch": 80}):
+        assert LayerNormFwdOp(8).key_for("backward", call) == "reference_backward"
+
+
+def test_norm_rows_past_the_registers_are_read_from_shared_memory(backward_only):
+    """x and dy held in registers beside the partials up to 8K bf16; longer rows keep only the
+    partials there (16K LayerNorm with both, 32K RMSNorm with dweight); beyond, sm_80 (no
+    clusters) refuses; softmax has no staging."""
+    budget = H100["smem_budget"]
+    assert bk.norm_backward_plan(8192, torch.bfloat16, 2, 132, budget).hold == "registers"
+    assert bk.norm_backward_plan(16384, torch.bfloat16, 2, 132, budget).hold == "shared"
+    assert bk.norm_backward_plan(32768, torch.bfloat16, 2, 132, budget) is None
+    with simulate_device(CUDA, **H100):
+        rms = _call(RMSNormFwdOp, 32768, torch.bfloat16)
+        assert RMSNormFwdOp(8).key_for("backward", rms) == bk.BACKWARD_KEY
+        softmax = _call(SoftmaxFwdOp, 32768, torch.bfloat16)
+        assert SoftmaxFwdOp().key_for("backward", softmax) == "reference_backward"
+    with simulate_device(CUDA, **{**H100, "arch": 80}):
+        layer = _call(LayerNormFwdOp, 32768, torch.bfloat16)
+        explanation = str(LayerNormFwdOp(8).explain("backward", layer))
+        assert "2 float32 register values per element for the parameter gradients'" in explanation
+
+
+def test_norms_stage_two_rows_where_shared_memory_allows_and_one_where_not():
+    """x and dy of the next row copy in while this one computes (two stages); a row whose two
+    stages would pass the block's shared memory keeps one."""
+    budget = H100["smem_budget"]
+    bf16 = bk.norm_backward_plan(4096, torch.bfloat16, 1, 132, budget)
+    assert bf16.stages == 2 and bf16.blocks_per_sm == 2 and bf16.programs == 264
+    wide = bk.norm_backward_plan(16384, torch.float32, 0, 132, budget)  # 128 KiB per stage
+    assert wide.stages == 1 and wide.blocks_per_sm == 1
+    assert bk.backward_plan(4096, torch.bfloat16, 2, 132).stages == 0  # softmax: no staging
+
+
+def test_short_rows_keep_at_most_the_resident_block_limit():
+    plan = bk.norm_backward_plan(7, torch.float32, 1, 132, H100["smem_budget"])
+    assert plan.lanes == 32 and plan.blocks_per_sm == 32 and plan.programs == 32 * 132
 
 
 REFUSALS = {
@@ -136,6 +193,15 @@ def test_softmax_without_y_and_float64_params_are_refused(backward_only):
         assert "parameters of torch.float64 beside x of torch.float32" in str(explanation)
 
 
+def test_layer_norm_over_one_column_goes_to_the_reference():
+    """Its dx is exactly 0; the kernels' fused multiply-adds leave rounding there (GPU check)."""
+    with simulate_device(CUDA, **H100):
+        call = _call(LayerNormFwdOp, 1, torch.bfloat16)
+        explanation = LayerNormFwdOp(1).explain("backward", call)
+    assert explanation.chosen == "reference_backward"
+    assert str(explanation).count("a row of one column has dx exactly 0") == 2
+
+
 def test_sm_75_is_left_to_others(backward_only):
     with simulate_device(CUDA, **{**H100, "arch": 75}):
         call = _call(RMSNormFwdOp, 1024, torch.bfloat16)
@@ -150,6 +216,8 @@ COMPILED = [
     (LayerNormFwdOp, 1001, torch.float32, {}),
     (LayerNormFwdOp, 8192, torch.bfloat16, {"param_dtype": torch.float32}),
     (LayerNormFwdOp, 16384, torch.float16, {"weight": False, "bias": False}),
+    (LayerNormFwdOp, 16384, torch.bfloat16, {}),  # x and dy read from shared memory
+    (RMSNormFwdOp, 32768, torch.bfloat16, {}),  # one stage
     (SoftmaxFwdOp, 16384, torch.bfloat16, {}),
     (SoftmaxFwdOp, 7, torch.float32, {}),
 ]
@@ -170,9 +238,38 @@ def test_kernel_compiles_to_cubin(case, arch, tilelang_cache):
     assert "__global__" in kernel.compiled.get_kernel_source()
 
 
+def test_a_cluster_exchanges_each_sum_through_its_blocks_shared_memory(tilelang_cache):
+    """RMSNorm's 64K rows over a cluster of 4 (x and dy read from shared memory): each of the
+    row's two sums crosses the cluster once."""
+    call = _call(RMSNormFwdOp, 65536, torch.bfloat16)
+    with simulate_device(CUDA, arch=90, sm_count=132, smem_budget=SMEM_BUDGET[90]):
+        identity, build = bk.TileLangRMSNormBackward.entry_for(call)
+        kernel = build()
+    assert identity[-1].cluster == 4 and identity[-1].hold == "shared"
+    source = kernel.compiled.get_kernel_source()
+    assert source.count("tl::cluster_sync()") == 2
+    assert source.count("map_shared_rank") == 2
+    assert "tl::cluster_arrive_relaxed()" in source and "tl::cluster_wait()" in source
+
+
+def test_norm_backward_copies_the_next_row_while_this_one_computes(tilelang_cache):
+    """cp.async into the other stage, then a wait that leaves that copy in flight; the
+    launch bounds hold the plan's residency."""
+    call = _call(RMSNormFwdOp, 4096, torch.bfloat16)
+    with simulate_device(CUDA, arch=90, sm_count=132, smem_budget=SMEM_BUDGET[90]):
+        kernel = bk.TileLangRMSNormBackward.entry_for(call)[1]()
+    source = kernel.compiled.get_kernel_source()
+    assert "__launch_bounds__(512, 2)" in source
+    assert source.count("cp_async_gs<16>") == 4  # x and dy: the first row, then the next
+    assert "cp_async_wait<1>" in source
+    assert source.count("__syncthreads()") == 3  # two reductions, the row's end: no others
+
+
 # -- GPU numerics -----------------------------------------------------------------------------
 
-GPU_SHAPES = [(37, 1), (37, 7), (300, 1000), (64, 4096), (33, 8192), (9, 16384)]
+# (1000, 4096) and (300, 16384): several rows per persistent block, through both stages
+GPU_SHAPES = [(37, 1), (37, 7), (300, 1000), (64, 4096), (1000, 4096), (33, 8192), (9, 16384),
+              (300, 16384), (5, 32768), (70, 65536)]  # fmt: skip
 
 
 def _grads(fn, tensors, dy):
@@ -197,11 +294,11 @@ def _close(got, want, torchs, dtype):
             assert error < max(TOLERANCE[dtype], 2 * _error(t, w)), error
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
-def test_gpu_gradients_match_float64(backward_only, shape, dtype):
-    rows, n = shape
+GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def _gpu_cases(rows: int, n: int, dtype: torch.dtype) -> tuple[dict, torch.Tensor]:
+    """Per op (op, torch's function, inputs) on rows x n, and dy."""
     g = torch.Generator(device="cuda").manual_seed(0)
     x = (torch.randn(rows, n, device="cuda", generator=g) * 3 + 2).to(dtype)
     w, b = (torch.randn(n, device="cuda", generator=g).to(dtype) for _ in range(2))
@@ -211,10 +308,39 @@ def test_gpu_gradients_match_float64(backward_only, shape, dtype):
         "layer": (LayerNormFwdOp(n), lambda *t: F.layer_norm(t[0], (n,), *t[1:]), (x, w, b)),
         "softmax": (SoftmaxFwdOp(-1), lambda t: torch.softmax(t, -1), (x,)),
     }
+    return cases, dy
+
+
+def _warm(job: tuple) -> None:
+    """In a worker: every kernel one GPU case runs, compiled into the disk cache."""
+    (rows, n), dtype = job
+    with _backward_only():
+        cases, dy = _gpu_cases(rows, n, dtype)
+        for op, _, tensors in cases.values():
+            _grads(op, tensors, dy)
+
+
+@pytest.fixture(scope="module")
+def warm_cache():
+    """Compile the GPU cases' kernels in parallel processes first (one at a time they take
+    minutes): the tests then load them from the disk cache."""
+    jobs = [(shape, dtype) for shape in GPU_SHAPES for dtype in GPU_DTYPES]
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(8, mp_context=context) as pool:
+        list(pool.map(_warm, jobs))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES)
+@pytest.mark.parametrize("shape", GPU_SHAPES, ids=str)
+def test_gpu_gradients_match_float64(warm_cache, backward_only, shape, dtype):
+    rows, n = shape
+    cases, dy = _gpu_cases(rows, n, dtype)
     for op, fn, tensors in cases.values():
         kept = (fn(*tensors),) if type(op).saves_outputs else ()  # softmax's y
         call = backward_call(op, (dy,), tensors, kept, (True,) * len(tensors), False)
-        if n <= 8192 or (n <= 16384 and op is cases["softmax"][0]):
+        norm = op is not cases["softmax"][0]
+        if n <= 16384 or norm:  # longer norm rows: a cluster of blocks (sm_90)
             assert op.key_for("backward", call) == bk.BACKWARD_KEY
         got = _grads(op, tensors, dy)
         want = _grads(fn, [t.double() for t in tensors], dy.double())

@@ -19,6 +19,7 @@ BLOCK_REGISTER_VALUES = MAX_THREADS * REGISTER_VALUES  # the most one block keep
 REGISTER_OVERHEAD = 24
 REGISTER_FILE = 65536  # 32-bit registers per SM on sm_80 .. sm_90
 THREADS_PER_SM = {80: 2048, 86: 1536, 89: 1536, 90: 2048}
+BLOCKS_PER_SM = 32  # resident blocks per SM on sm_80 and sm_90
 # Shared memory a long-row block keeps for its cross-warp reductions (a few float32 per warp).
 REDUCE_SCRATCH_BYTES = 1024
 

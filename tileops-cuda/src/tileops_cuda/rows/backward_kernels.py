@@ -1,8 +1,9 @@
 """tileops-cuda's row-wise backward kernels (RMSNorm, LayerNorm, softmax): key, region, refusals.
 
-One layout: the row held whole in one block's registers as float32 (x or y, dy, and the
-parameter partials the call needs), on sm_80 .. sm_90, for float16/bfloat16/float32 rows that
-fit (`backward_plan`); longer rows go to Triton's looped kernel or the reference. Norms run on
+One row per block, on sm_80 .. sm_90, for float16/bfloat16/float32 rows that fit: softmax
+holds y and dy in float32 registers (`backward_plan`); the norms stage x and dy through shared
+memory and keep them in registers too where those fit beside the parameter partials
+(`norm_backward_plan`). Longer rows go to Triton's looped kernel or the reference. Norms run on
 a persistent grid and write per-block partials of dweight/dbias, summed here in a fixed order
 (one torch sum over the blocks' axis for both): deterministic, no atomics. Programs:
 `backward_program`.
@@ -33,28 +34,88 @@ from .._common.arith import (
     vector_width,
 )
 from .._common.compile import Launch, build_program
-from .._common.lanes import REGISTER_FILE, THREADS_PER_SM
+from .._common.lanes import (
+    BLOCKS_PER_SM,
+    REDUCE_SCRATCH_BYTES,
+    REGISTER_FILE,
+    THREADS_PER_SM,
+)
 from .._common.operands import aligned, all_aligned, as_rows
 from .backward_program import BackwardPlan, norm_backward_program, softmax_backward_program
 
 BACKWARD_KEY = "tilelang_row_backward"
 OVERHEAD_REGISTERS = 32  # addresses, loop state, the reductions: provisional (TUNING.md#backward)
 MAX_REGISTERS = 255  # per thread
+# The norms' program places every barrier it needs itself: TileLang's would add one per row
+# after the cp.async wait, where each lane reads only the vectors it copied (backward_program).
+OWN_BARRIERS = {"tl.disable_thread_storage_sync": True}
+# A cluster's blocks write their row sums into each other's shared memory while the receiver
+# still works: no buffer may share its region with another TileLang deems dead by then.
+CLUSTER_BARRIERS = {**OWN_BARRIERS, "tl.disable_shared_memory_reuse": True}
+MAX_CLUSTER = 8  # the portable cluster size on sm_90
 EMPTY_ROWS = "rows of length 0 have no gradient to compute; the reference serves them"
 
 
 def backward_plan(n: int, dtype: torch.dtype, arrays: int, sm_count: int) -> BackwardPlan | None:
     """The row over one block's lanes, `arrays` float32 values per element held per lane; None
-    when the block's registers cannot hold them. `programs`: the norms' persistent grid, as
-    many blocks as the multiprocessors keep resident."""
+    when the block's registers cannot hold them. `programs`: a persistent grid of as many
+    blocks as the multiprocessors keep resident."""
     vec = vector_width(n, dtype)
-    lanes = min(MAX_THREADS, max(WARP, pow2_ceil(ceil_div(n, vec))))
-    chunks = ceil_div(n, lanes * vec)
-    registers = arrays * chunks * vec + OVERHEAD_REGISTERS
+    lanes, chunks = _layout(n, vec)
+    resident = _resident(lanes, chunks * vec, arrays)
+    if resident is None:
+        return None
+    return BackwardPlan(lanes, vec, chunks, max(sm_count, 1) * resident, resident)
+
+
+def norm_backward_plan(
+    n: int, dtype: torch.dtype, partials: int, sm_count: int, smem_budget: int,
+    clusters: bool = False,
+) -> BackwardPlan | None:  # fmt: skip
+    """The norms' plan: x and dy staged through shared memory, two rows deep where the budget
+    allows (one otherwise), and also held in float32 registers where those fit beside the
+    lane's `partials` (dweight, dbias); rows too long for that are read from shared memory.
+    Rows whose block would keep one stage, or that fit no block, are split over the smallest
+    cluster of 2, 4 or 8 (`clusters`: sm_90) whose slices keep two (TUNING.md#backward)."""
+    sizes = [1, *(2**k for k in range(1, MAX_CLUSTER.bit_length()) if clusters)]
+    plans = [_slice_plan(n, dtype, partials, sm_count, smem_budget, size) for size in sizes]
+    fitting = [plan for plan in plans if plan is not None]
+    return next((plan for plan in fitting if plan.stages == 2), fitting[0] if fitting else None)
+
+
+def _slice_plan(
+    n: int, dtype: torch.dtype, partials: int, sm_count: int, smem_budget: int, cluster: int
+) -> BackwardPlan | None:
+    """norm_backward_plan for blocks of `cluster` sharing each row, a slice of n each."""
+    vec = vector_width(n, dtype)
+    lanes, chunks = _layout(ceil_div(n, cluster), vec)
+    hold, resident = "registers", _resident(lanes, chunks * vec, 2 + partials)
+    if resident is None:
+        hold, resident = "shared", _resident(lanes, chunks * vec, partials)
+        if resident is None:
+            return None
+    row_bytes = 2 * lanes * chunks * vec * ITEMSIZE[dtype]  # x and dy
+    if row_bytes + REDUCE_SCRATCH_BYTES > smem_budget:
+        return None
+    stages = 2 if 2 * row_bytes + REDUCE_SCRATCH_BYTES <= smem_budget else 1
+    resident = max(min(resident, smem_budget // (stages * row_bytes + REDUCE_SCRATCH_BYTES)), 1)
+    programs = max(max(sm_count, 1) * resident // cluster, 1)
+    return BackwardPlan(lanes, vec, chunks, programs, resident, stages, hold, cluster)
+
+
+def _layout(length: int, vec: int) -> tuple[int, int]:
+    """(lanes, chunks): `length` elements over at most a block's lanes, vectors of `vec`."""
+    lanes = min(MAX_THREADS, max(WARP, pow2_ceil(ceil_div(length, vec))))
+    return lanes, ceil_div(length, lanes * vec)
+
+
+def _resident(lanes: int, values: int, arrays: int) -> int | None:
+    """Blocks of `lanes` per multiprocessor when each lane holds `arrays` float32 values per
+    element of its `values`; None when one block's registers cannot hold them."""
+    registers = arrays * values + OVERHEAD_REGISTERS
     if registers > MAX_REGISTERS or lanes * registers > REGISTER_FILE:
         return None
-    resident = min(REGISTER_FILE // (lanes * registers), THREADS_PER_SM[90] // lanes)
-    return BackwardPlan(lanes, vec, chunks, max(sm_count, 1) * max(resident, 1))
+    return min(REGISTER_FILE // (lanes * registers), THREADS_PER_SM[90] // lanes, BLOCKS_PER_SM)
 
 
 class TileLangRowsBackward(Kernel):
@@ -74,21 +135,24 @@ class TileLangRowsBackward(Kernel):
         own = cls.own_refusal(call)
         if own:
             return own
-        arrays = cls.arrays(call)
-        if backward_plan(call.n, call.dtype, arrays, 1) is None:
+        if cls.plan(call, 1) is None:
             return (
-                f"a row of {call.n} does not fit one block's registers ({arrays} float32 "
-                "values per element: the row, dy and the parameter partials); Triton's looped "
+                f"a row of {call.n} does not fit one block ({cls.held(call)}); Triton's looped "
                 "kernel or the reference serves it"
             )
         return None
+
+    @classmethod
+    def plan(cls, call: Any, sm_count: int) -> BackwardPlan | None:
+        raise NotImplementedError
 
     @classmethod
     def own_refusal(cls, call: Any) -> str | None:
         return None
 
     @classmethod
-    def arrays(cls, call: Any) -> int:
+    def held(cls, call: Any) -> str:
+        """What a lane keeps of the row, for the refusal of rows that do not fit."""
         raise NotImplementedError
 
 
@@ -107,12 +171,23 @@ class _NormBackward(TileLangRowsBackward):
         return needs[0], needs[1] and dtypes[1] is not None, needs[2] and dtypes[2] is not None
 
     @classmethod
-    def arrays(cls, call: Any) -> int:
-        return 2 + sum(cls.wanted(call)[1:])
+    def held(cls, call: Any) -> str:
+        partials = sum(cls.wanted(call)[1:])
+        return (
+            f"{partials} float32 register values per element for the parameter gradients' "
+            "partials, x and dy in shared memory"
+        )
+
+    @classmethod
+    def plan(cls, call: Any, sm_count: int) -> BackwardPlan | None:
+        partials = sum(cls.wanted(call)[1:])
+        return norm_backward_plan(
+            call.n, call.dtype, partials, sm_count, call.smem_budget, call.arch >= 90
+        )
 
     @classmethod
     def entry_for(cls, call: Any) -> tuple[Hashable, Any]:
-        plan = backward_plan(call.n, call.dtype, cls.arrays(call), call.sm_count)
+        plan = cls.plan(call, call.sm_count)
         wanted = cls.wanted(call)
         identity = (call.arch, DTYPE_NAMES[call.dtype], call.n, call.eps, call.param_dtype,
                     call.dtypes[1] is not None, wanted, plan)  # fmt: skip
@@ -120,7 +195,9 @@ class _NormBackward(TileLangRowsBackward):
         def build() -> _NormBackward:
             program = lambda: norm_backward_program(cls.kind, plan, call, wanted)  # noqa: E731
             name = f"{cls.__name__}{identity}"
-            return cls(build_program(name, program, call.arch), plan, call.n, wanted)
+            configs = CLUSTER_BARRIERS if plan.cluster > 1 else OWN_BARRIERS
+            built = build_program(name, program, call.arch, pass_configs=configs)
+            return cls(built, plan, call.n, wanted)
 
         return identity, build
 
@@ -167,6 +244,15 @@ class TileLangLayerNormBackward(_NormBackward, LayerNormBackwardInterface):
 
     kind = "layer"
 
+    @classmethod
+    def own_refusal(cls, call: Any) -> str | None:
+        if call.n == 1:
+            return (
+                "a row of one column has dx exactly 0, where the kernel's fused multiply-add "
+                "leaves the rounding of dy * weight (TUNING.md#backward); the reference serves it"
+            )
+        return super().own_refusal(call)
+
 
 class TileLangSoftmaxBackward(TileLangRowsBackward, SoftmaxBackwardInterface):
     """Softmax's dx from the forward's y and dy, for rows that fit one block's registers."""
@@ -181,12 +267,16 @@ class TileLangSoftmaxBackward(TileLangRowsBackward, SoftmaxBackwardInterface):
         return None
 
     @classmethod
-    def arrays(cls, call: Any) -> int:
-        return 2
+    def held(cls, call: Any) -> str:
+        return "2 float32 register values per element: y and dy"
+
+    @classmethod
+    def plan(cls, call: Any, sm_count: int) -> BackwardPlan | None:
+        return backward_plan(call.n, call.dtype, 2, sm_count)
 
     @classmethod
     def entry_for(cls, call: Any) -> tuple[Hashable, Any]:
-        plan = backward_plan(call.n, call.dtype, 2, 1)
+        plan = cls.plan(call, 1)
         dim = dict(call.params)["dim"]
         identity = (call.arch, DTYPE_NAMES[call.dtype], call.n, dim, plan)
 

@@ -119,6 +119,15 @@ class TritonLayerNormBackward(TritonNormBackward, LayerNormBackwardInterface):
 
     op_type, faster, center = LayerNormFwdOp, LAYER_NORM_BACKWARD_FASTER, True
 
+    @classmethod
+    def own_refusal(cls, call) -> str | None:
+        if call.n == 1:
+            return (
+                "a row of one column has dx exactly 0, which a fused multiply-add need not "
+                "leave (dy * weight rounded, then subtracted); the reference serves it"
+            )
+        return super().own_refusal(call)
+
 
 class TritonSoftmaxBackward(TritonRowsBackward, SoftmaxBackwardInterface):
     """Softmax's dx from the forward's y and dy, any n, float16/bfloat16/float32."""
