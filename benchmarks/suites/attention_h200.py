@@ -132,15 +132,7 @@ def training_contenders(q, k, v, causal: bool, notes: dict) -> Timed:
     grad = torch.randn_like(q)
 
     def step(forward: Any) -> Any:
-        if isinstance(forward, Forced):
-            return forward._replace(fn=step(forward.fn))
-
-        def backward() -> torch.Tensor:
-            out = forward()
-            out = out[0] if isinstance(out, tuple) else out
-            return torch.autograd.grad(out, (q, k, v), grad)[0]
-
-        return backward
+        return _with_backward(forward, (q, k, v), grad)
 
     want = call_once(step(sdpa("sdpa_flash", q, k, v, causal)))
     check = rel_error(want)
@@ -244,7 +236,7 @@ def packed(lengths: tuple[int, ...], rounds: int) -> list[dict]:
             q, k, v, cu, cu, longest, longest, 0.0, True, False, scale=DIM**-0.5
         )[0]
 
-    contenders = {  # name: (forward, its inputs, the gradient of its out, its out unpacked)
+    contenders = {  # name: (forward, its inputs, the gradient of its out)
         "tileops AttentionVarlenFwdOp (dispatched)": (lambda: op(q, k, v, cu, cu), (q, k, v), grad),
         "FlashAttention varlen, exact longest length": (exact, (q, k, v), grad),
         "SDPA cuDNN, right-padded batch": (sdpa("sdpa_cudnn", *padded, True), padded, pad(grad)),

@@ -48,7 +48,7 @@ def attention_function(
     """transformers' attention function contract: q (batch, heads, q_len, dim), k and v
     (batch, kv_heads, kv_len, dim) -> ((batch, q_len, heads, dim) output, no weights)."""
     served = dropout == 0.0 and not _unserved(kwargs)
-    causal = getattr(module, "is_causal", True) if is_causal is None else bool(is_causal)
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     offsets = _packed_offsets(query, kwargs)
     if served and offsets is not None:
         window = kwargs.get("sliding_window") if causal else None
