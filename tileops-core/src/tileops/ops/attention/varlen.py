@@ -117,6 +117,13 @@ class _Varlen(AttentionParams):
     def call_for(
         self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     ) -> AttentionVarlenCall:
+        """The call spec, remembered per shapes: a model's layers call with the same ones."""
+        key = (q.shape, k.shape[:2], v.shape[-1], q.dtype, q.device, cu_seqlens_q.shape[0])
+        return self.remembered(key, lambda: self._new_call(q, k, v, cu_seqlens_q))
+
+    def _new_call(
+        self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
+    ) -> AttentionVarlenCall:
         total_q, heads, head_dim = q.shape
         return AttentionVarlenCall(
             device=q.device,
