@@ -169,6 +169,26 @@ def autograd_eagerly(op: Op, call: BoundCall, checked: bool = False) -> Any:
 _NO_LANE = (None, None)
 
 
+def takes_native_lane(op: Op, tensors: tuple, grad_enabled: bool) -> bool:
+    """Whether the call of `op` on `tensors` (fake ones will do) is torch's own function: its
+    layout's native lane serves it, a `torch_native` kernel serving the call. Of an op whose
+    autograd specs weigh the backward (`Op.weighs_backward`), only autograd calls: the native
+    lane asks of those specs, not of the plain call's."""
+    call = op._bind(tensors)
+    if type(op._hits) is not dict or call.written_empty or not op.runs_builtin(call.device):
+        return False
+    if op._checks:
+        op.check(call)
+    if call.requires_grad and grad_enabled:
+        refuse_gradients_it_lacks(op, tensors)
+        if not op._table.native_lanes:
+            return False
+    elif op.weighs_backward:
+        return False
+    lane = op.native_lane_for(call)
+    return lane is not None and lane(*tensors) is not None
+
+
 def _native_lane(op: Op, call: BoundCall, hits: Any) -> tuple:
     """(hits, the layout's native lane or None), decided before the layout's first call runs,
     so every call of it takes one path (a checkpointed region's recompute saves what its

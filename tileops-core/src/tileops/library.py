@@ -2,7 +2,9 @@
 
 `torch.compile` and `torch.export` trace the op as `tileops::<Name>` (schema from the op's
 signature, a fake implementation from its output rules), whatever kernel serves it: a TileLang
-or Triton launch, a C extension, numpy. Autograd and autocast hang on the same operator:
+or Triton launch, a C extension, numpy. One exception (`traced_call`): where torch's own kernel
+would serve a call eagerly, torch.compile traces torch's function instead, as the compiler would
+without tileops. Autograd and autocast hang on the same operator:
 gradients come from the op's backward interface, and under autocast the op casts as its torch
 counterpart does. Eager calls skip all of this: the dispatcher directly (op.py), and under
 autograd or autocast the same casts and backward without the operator (eager.py).
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from .backward import is_traced, run_backward
 from .eager import (
@@ -25,12 +28,15 @@ from .eager import (
     note_casts,
     refuse_gradients_it_lacks,
     remember_for_backward,
+    takes_native_lane,
 )
-from .errors import OpDefinitionError, OpInputError
+from .errors import OpDefinitionError, OpInputError, TileOpsError
 from .op import Op
 from .registry import REGISTRY
+from .scope import SCOPES
 from .table import ENTRY_LIMIT, remember
 
+_is_compiling = torch.compiler.is_compiling
 _LIBRARIES: dict[str, torch.library.Library] = {}
 _OPERATORS: dict[type, Any] = {}
 _BACKWARD_OPERATORS: dict[type, Any] = {}
@@ -126,7 +132,66 @@ def call_operator(op: Op, tensors: Sequence[torch.Tensor | None]) -> Any:
     return operator(type(op))(*tensors, *params.values(), op.target)
 
 
-Op._through_operator = call_operator  # the route Op.__call__ takes under compile and export
+def call_traced(op: Op, tensors: Sequence[torch.Tensor | None]) -> Any:
+    """What `Op.__call__` does under torch.compile and torch.export (see `traced_call`)."""
+    return traced_call(type(op), tuple(tensors), tuple(op.params().values()), op.target)
+
+
+Op._through_operator = call_traced
+
+
+def traced_call(op_cls: type[Op], tensors: tuple, params: tuple, target: str | None = None) -> Any:
+    """A call of `op_cls(*params)` as tracing takes it: under torch.compile, torch's own
+    function (`Op.native_function`) where the eager call would run it, a `torch_native` kernel
+    serving it (`Op.native_lane_for`), so the compiler sees, fuses and differentiates torch's
+    ops as in a model without tileops; else, and under torch.export, the operator."""
+    if _is_compiling() and not torch.compiler.is_exporting():
+        if _traced_natively(op_cls, tensors, params, target):
+            return op_cls.native_function(*tensors, *params)
+    return operator(op_cls)(*tensors, *params, target)
+
+
+def _traced_natively(op_cls: type[Op], tensors: tuple, params: tuple, target: str | None) -> bool:
+    """Decided once per traced call from constant facts; calls the decision cannot hold for
+    (a target, autocast, sizes that vary) take the operator. Reading `SCOPES.active` makes
+    Dynamo guard on it: a pin, record or simulation begun later retraces to the operator."""
+    if target is not None or SCOPES.active or op_cls.native_function is None:
+        return False
+    static = torch.fx.experimental.symbolic_shapes.has_static_value
+    facts = []
+    for t in tensors:
+        if t is None:
+            facts.append(None)
+            continue
+        if torch.is_autocast_enabled(t.device.type):
+            return False
+        if not all(static(s) for s in (*t.shape, *t.stride())):
+            return False
+        facts.append((tuple(t.shape), tuple(t.stride()), t.dtype, t.device, t.requires_grad))
+    return _serves_natively(op_cls, params, tuple(facts), torch.is_grad_enabled())
+
+
+def _serves_natively(op_cls: type[Op], params: tuple, facts: tuple, grad_enabled: bool) -> bool:
+    """Whether the eager call described by `facts` runs the op's native lane. Dynamo runs
+    this at trace time (`assume_constant_result`, marked below), on fake tensors of `facts`;
+    a call the op refuses takes the operator, which raises its error."""
+    op = instance(op_cls, dict(zip(op_cls.signature.param_types, params, strict=True)), None)
+    with FakeTensorMode():
+        fakes = tuple(None if f is None else _fake(*f) for f in facts)
+    try:  # outside the mode: a kernel built on the way sees real tensors, fakes stay fake
+        return takes_native_lane(op, fakes, grad_enabled)
+    except TileOpsError:
+        return False
+
+
+_serves_natively._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def _fake(
+    shape: tuple, stride: tuple, dtype: torch.dtype, device: torch.device, grad: bool
+) -> torch.Tensor:
+    t = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    return t.requires_grad_() if grad else t
 
 
 def call_traced_or_eager(op: Op, tensors: Sequence[torch.Tensor | None]) -> Any:

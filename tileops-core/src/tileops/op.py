@@ -62,9 +62,14 @@ class Op:
     """True: the forward call spec of an autograd call says so (`grad`, with its size), so the
     forward kernel serving it was chosen for the forward and backward together; a native lane
     then needs no check that the backward kernels are torch's own (the row norms)."""
+    native_function: ClassVar[Callable[..., Any] | None] = None
+    """A classmethod computing the op with torch's own function, called as its operator is
+    (the tensors, then the params in signature order): what the op's native lanes run
+    (`native_lane_for`), and what torch.compile traces where one would serve the call
+    (library.traced_call). None: the op has no native lane."""
     _through_operator: ClassVar[Callable[..., Any]]
-    """`op._through_operator(tensors)` calls the op through its torch.library operator (what
-    tracing sees: torch.compile, torch.export); library.py installs it."""
+    """`op._through_operator(tensors)`: the op as tracing sees it (torch.compile, torch.export),
+    its torch.library operator or, compiled, its native function; library.py installs it."""
     _autocast_eagerly: ClassVar[Callable[..., Any]]
     """`op._autocast_eagerly(tensors, checked)`: an eager call under autocast (eager.py)."""
     _autograd_eagerly: ClassVar[Callable[..., Any]]
@@ -250,7 +255,7 @@ class Op:
         operator = signature.param_types is not None
         if operator and _is_compiling():
             tensors = signature.parse(type(self).op_name, args, kwargs)
-            return self._through_operator(tensors)  # Dynamo sees one node, never our locks
+            return self._through_operator(tensors)  # what Dynamo traces, never our locks
         if operator and _is_any_autocast_enabled():
             tensors = signature.parse(type(self).op_name, args, kwargs)
             checked = self.check_uncast(tensors)  # before autocast probes or casts anything

@@ -24,10 +24,11 @@ SERVED_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16, torch.f
 
 def op_for(op_type: type[Op], device: torch.device, *config: Any) -> Callable[..., Any]:
     """What calls `op_type(*config)` on tensors of `device`: the shared op instance eagerly;
-    under torch.compile its torch.library operator, so Dynamo never builds an op (locks,
-    backend loading) while it traces. `config` is the op's signature params, in order."""
+    under torch.compile its traced call (its torch.library operator, or torch's function where
+    torch's kernel serves the call), so Dynamo never builds an op (locks, backend loading)
+    while it traces. `config` is the op's signature params, in order."""
     if torch.compiler.is_compiling():
-        return lambda *tensors: library.operator(op_type)(*tensors, *config)
+        return lambda *tensors: library.traced_call(op_type, tensors, config)
     return _shared_op(op_type, device, *config)
 
 

@@ -321,6 +321,17 @@ class GemmOp(Op):
         return _product(a.t() if self.trans_a else a, b.t() if self.trans_b else b, bias)
 
     @classmethod
+    def native_function(
+        cls,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        bias: torch.Tensor | None,
+        trans_a: bool,
+        trans_b: bool,
+    ) -> torch.Tensor:
+        return _product(a.t() if trans_a else a, b.t() if trans_b else b, bias)
+
+    @classmethod
     def sample_cases(cls) -> Iterable[Case]:
         yield sample_case({}, (64, 48), (48, 80))
         yield sample_case({}, (1, 256), (256, 7), note="skinny")
@@ -351,6 +362,12 @@ class GemmFwdOp(GemmOp):
 
     def reference_forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return super().reference_forward(a, b, None)
+
+    @classmethod
+    def native_function(
+        cls, a: torch.Tensor, b: torch.Tensor, trans_a: bool, trans_b: bool
+    ) -> torch.Tensor:
+        return GemmOp.native_function(a, b, None, trans_a, trans_b)
 
     @classmethod
     def sample_cases(cls) -> Iterable[Case]:

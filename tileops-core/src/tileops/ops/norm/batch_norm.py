@@ -455,6 +455,22 @@ class BatchNormFwdOp(Op):
         return F.batch_norm(x, *stats, weight, bias, training, self.momentum, self.eps)
 
     @classmethod
+    def native_function(
+        cls,
+        x: Tensor,
+        weight: Tensor | None,
+        bias: Tensor | None,
+        running_mean: Tensor | None,
+        running_var: Tensor | None,
+        num_features: int,
+        eps: float,
+        momentum: float,
+        training: bool,
+    ) -> Tensor:
+        stats = running_mean, running_var
+        return F.batch_norm(x, *stats, weight, bias, training, momentum, eps)
+
+    @classmethod
     def sample_cases(cls) -> Iterable[Case]:
         stats = {"num_features": 16}
         shapes = (8, 16, 12), (16,), (16,), (16,), (16,)

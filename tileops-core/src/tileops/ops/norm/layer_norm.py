@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -152,10 +152,16 @@ class LayerNormFwdOp(RowNorm, Op):
             return _in_float32(x, self.normalized_shape, weight, bias, self.eps)
         return self.torch_forward(x, weight, bias)
 
-    def torch_forward(
-        self, x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None
+    @classmethod
+    def native_function(
+        cls,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        bias: torch.Tensor | None,
+        normalized_shape: Any,
+        eps: float,
     ) -> torch.Tensor:
-        return F.layer_norm(x, self.normalized_shape, weight, bias, self.eps)
+        return F.layer_norm(x, normalized_shape, weight, bias, eps)
 
     @classmethod
     def sample_cases(cls) -> Iterable[Case]:

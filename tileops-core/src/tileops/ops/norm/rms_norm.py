@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -139,8 +139,11 @@ class RMSNormFwdOp(RowNorm, Op):
             return y.to(x.dtype)
         return self.torch_forward(x, weight)
 
-    def torch_forward(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-        return F.rms_norm(x, self.normalized_shape, weight, self.eps)
+    @classmethod
+    def native_function(
+        cls, x: torch.Tensor, weight: torch.Tensor | None, normalized_shape: Any, eps: float | None
+    ) -> torch.Tensor:
+        return F.rms_norm(x, normalized_shape, weight, eps)
 
     @classmethod
     def sample_cases(cls) -> Iterable[Case]:
