@@ -10,6 +10,7 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import tileops
 import tileops.nn as tnn
@@ -129,6 +130,9 @@ def test_every_row_ignored_gives_zero_loss_and_zero_gradients():
         assert t.grad.abs().max().item() == 0.0
     empty = LinearCrossEntropyFwdOp()(hidden[:0], weight, labels[:0], b)
     assert empty.shape == () and empty.item() == 0.0
+    h, w, bb = leaves(hidden[:0], torch.full_like(weight, float("nan")), b)
+    tnn.linear_cross_entropy(h, w, labels[:0], bb, reduction="sum").backward()
+    assert w.grad.abs().max().item() == 0.0 and w.grad.shape == weight.shape  # no token, no chunk
 
 
 def test_a_label_out_of_range_on_the_host_is_refused_by_name():
@@ -279,14 +283,16 @@ def test_four_micro_batches_with_the_normalizer_add_up_to_the_big_batch(smoothin
     torch.testing.assert_close(float_count, big.detach())
 
 
-def test_compiled_fullgraph_with_ignored_rows_matches_eager_and_never_gives_nan():
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_compiled_fullgraph_with_ignored_rows_matches_eager_and_never_gives_nan(chunk):
     """Liger-Kernel#1338: one graph serves batches with some or all rows ignored, and the
-    loss of a batch with every row ignored is 0, its gradients zeros."""
+    loss of a batch with every row ignored is 0, its gradients zeros (the full logits traced,
+    and the chunks)."""
     torch._dynamo.reset()
     hidden, weight, labels, b = inputs()
 
     def loss_of(h, w, y, bias):
-        return tnn.linear_cross_entropy(h, w, y, bias, label_smoothing=0.1) * 2
+        return tnn.linear_cross_entropy(h, w, y, bias, label_smoothing=0.1, chunk_rows=chunk) * 2
 
     compiled = torch.compile(loss_of, fullgraph=True, backend="aot_eager")
     for k, batch in enumerate((labels, torch.full_like(labels, -100))):
@@ -301,6 +307,45 @@ def test_compiled_fullgraph_with_ignored_rows_matches_eager_and_never_gives_nan(
         for g, r in zip(got, want, strict=True):
             torch.testing.assert_close(g.grad, r.grad)
     assert loss.item() == 0.0
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_compiled_loss_traces_torchs_ops_unless_chunk_rows_are_given(chunk):
+    torch._dynamo.reset()
+    hidden, weight, labels, b = inputs()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append({str(n.target) for n in gm.graph.nodes if n.op == "call_function"})
+        return gm
+
+    loss = torch.compile(tnn.linear_cross_entropy, backend=backend, fullgraph=True)
+    loss(hidden, weight, labels, b, chunk_rows=chunk)
+    ours = {t for t in graphs[0] if "tileops" in t}
+    assert (ours == set()) if chunk is None else len(ours) == 1
+
+
+def test_a_gradient_of_one_leaves_the_kept_gradients_unscaled():
+    """loss.backward() spares the pass over the weight's gradient; any other gradient scales."""
+    hidden, weight, labels, b = inputs()
+
+    class Muls(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Muls.count += func is torch.ops.aten.mul_.Tensor
+            return func(*args, **(kwargs or {}))
+
+    for scale, muls in ((1.0, 0), (3.0, 3)):
+        got, want = leaves(hidden, weight, b), leaves(hidden, weight, b)
+        loss = tnn.linear_cross_entropy(*got[:2], labels, got[2])
+        Muls.count = 0
+        with Muls():
+            (loss * scale).backward()
+        (expected(want[0], want[1], labels, want[2], "mean") * scale).backward()
+        assert Muls.count == muls
+        for g, r in zip(got, want, strict=True):
+            torch.testing.assert_close(g.grad, r.grad)
 
 
 def test_compiled_reduction_none_and_the_op_trace_to_one_node_each():

@@ -145,9 +145,8 @@ def traced_call(op_cls: type[Op], tensors: tuple, params: tuple, target: str | N
     function (`Op.native_function`) where the eager call would run it, a `torch_native` kernel
     serving it (`Op.native_lane_for`), so the compiler sees, fuses and differentiates torch's
     ops as in a model without tileops; else, and under torch.export, the operator."""
-    if _is_compiling() and not torch.compiler.is_exporting():
-        if _traced_natively(op_cls, tensors, params, target):
-            return op_cls.native_function(*tensors, *params)
+    if _is_compiling() and _traced_natively(op_cls, tensors, params, target):
+        return op_cls.native_function(*tensors, *params)
     return operator(op_cls)(*tensors, *params, target)
 
 
@@ -175,6 +174,8 @@ def _serves_natively(op_cls: type[Op], params: tuple, facts: tuple, grad_enabled
     """Whether the eager call described by `facts` runs the op's native lane. Dynamo runs
     this at trace time (`assume_constant_result`, marked below), on fake tensors of `facts`;
     a call the op refuses takes the operator, which raises its error."""
+    if exporting():
+        return False
     op = instance(op_cls, dict(zip(op_cls.signature.param_types, params, strict=True)), None)
     with FakeTensorMode():
         fakes = tuple(None if f is None else _fake(*f) for f in facts)
@@ -185,6 +186,15 @@ def _serves_natively(op_cls: type[Op], params: tuple, facts: tuple, grad_enabled
 
 
 _serves_natively._dynamo_marked_constant = True  # type: ignore[attr-defined]
+
+
+def exporting() -> bool:
+    """Whether torch.export is tracing, read at trace time (`assume_constant_result`, marked
+    below): traced, torch 2.11's Dynamo answers `is_exporting()` as `is_compiling()`."""
+    return torch.compiler.is_exporting()
+
+
+exporting._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def _fake(

@@ -123,8 +123,10 @@ def run_chunks(
     losses = torch.empty(tokens, dtype=dtype, device=hidden.device)
     grads = scales is not None
     grad_hidden = torch.empty_like(hidden) if grads else None
-    grad_weight = torch.zeros_like(weight) if grads else None
+    grad_weight = torch.empty_like(weight) if grads else None
     grad_bias = torch.zeros(weight.shape[0], dtype=dtype, device=hidden.device)
+    if grads and not tokens:
+        grad_weight.zero_()
     for start in range(0, tokens, chunk):
         end = min(start + chunk, tokens)
         rows = hidden[start:end]
@@ -132,7 +134,10 @@ def run_chunks(
         step(logits, labels[start:end], scales[start:end] if grads else None, losses[start:end])
         if grads:
             torch.mm(logits, weight, out=grad_hidden[start:end])
-            grad_weight.addmm_(logits.t(), rows)
+            if start:
+                grad_weight.addmm_(logits.t(), rows)
+            else:  # the first chunk writes it: no zeros to fill and read back
+                torch.mm(logits.t(), rows, out=grad_weight)
             if bias is not None:
                 grad_bias += logits.sum(0, dtype=dtype)
         del logits  # before the next chunk's: one chunk of logits alive at a time
