@@ -323,6 +323,8 @@ def test_compiled_loss_traces_torchs_ops_unless_chunk_rows_are_given(chunk):
     loss(hidden, weight, labels, b, chunk_rows=chunk)
     ours = {t for t in graphs[0] if "tileops" in t}
     assert (ours == set()) if chunk is None else len(ours) == 1
+    labels[0] = VOCAB  # out of range: NaN, as the op gives, never an index error
+    assert loss(hidden, weight, labels, b, chunk_rows=chunk).isnan()
 
 
 def test_a_gradient_of_one_leaves_the_kept_gradients_unscaled():

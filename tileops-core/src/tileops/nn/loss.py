@@ -29,12 +29,13 @@ import contextlib
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .. import library
 from ..errors import OpInputError
 from ..ops import LinearCrossEntropyFwdOp, LinearCrossEntropyGradOp
-from ..ops.linear_cross_entropy._math import compute_dtype, divisor, full_losses, reduce
+from ..ops.linear_cross_entropy._math import compute_dtype, divisor, reduce
 from ._ops import op_for
 
 Tensor = torch.Tensor
@@ -89,10 +90,20 @@ def linear_cross_entropy(
 
 
 def _full_loss(tensors: tuple, ignore_index: int, smoothing: float, reduction: str) -> Tensor:
-    """The loss from the full logits in torch's ops, the op's reference definition (what
-    torch.compile traces where no `chunk_rows` was asked for: see the module's docstring)."""
+    """The loss from the full logits through `F.cross_entropy`, whose decomposition Inductor
+    fuses best (what torch.compile traces where no `chunk_rows` was asked for: see the module's
+    docstring). As the op: a label out of range gives NaN (never an index out of bounds; its
+    row's gradient is 0), and a "mean" with every row ignored gives 0."""
     hidden, weight, labels, bias, normalizer = tensors
-    losses = full_losses(hidden, weight, labels, bias, ignore_index, smoothing)
+    logits = F.linear(hidden, weight, bias).to(compute_dtype(hidden.dtype))
+    counted = labels != ignore_index
+    valid = (labels >= 0) & (labels < logits.shape[1])
+    safe = torch.where(valid, labels, ignore_index)
+    losses = F.cross_entropy(
+        logits, safe, ignore_index=ignore_index, reduction="none", label_smoothing=smoothing
+    )
+    nan = torch.full((), float("nan"), dtype=losses.dtype, device=losses.device)
+    losses = torch.where(counted & ~valid, nan, losses)
     return reduce(losses, reduction, divisor(labels, ignore_index, normalizer, losses.dtype))
 
 
