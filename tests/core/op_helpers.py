@@ -6,6 +6,7 @@ import torch
 
 from tileops import Kernel, Op
 from tileops.backend import register_kernel_type
+from tileops.ops import GemmInterface
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 DTYPE_IDS = [str(d).removeprefix("torch.") for d in DTYPES]
@@ -120,3 +121,25 @@ def assert_trains_as_eager(
         torch.testing.assert_close(losses[1], losses[0], rtol=tolerance, atol=tolerance)
     state = {"rtol": 2.5 * tolerance, "atol": 2.5 * tolerance}
     torch.testing.assert_close(ours.state_dict(), eager.state_dict(), **state)
+
+
+class Doubling(Kernel, GemmInterface):
+    """A CPU GEMM kernel (preferred over the reference, not torch's own) returning
+    2(ab + bias), which checks that it gets the layout the interface promises."""
+
+    devices = {"cpu"}
+    served: list = []
+
+    @classmethod
+    def entry_for(cls, call):
+        layout = call.trans_a, call.trans_b
+        return layout, lambda: cls(*layout)
+
+    def __init__(self, trans_a, trans_b):
+        self.trans_a, self.trans_b = trans_a, trans_b
+
+    def forward(self, a, b, bias):
+        assert a.is_contiguous() and b.is_contiguous(), "the interface promises contiguous"
+        Doubling.served.append(a.shape)
+        product = (a.t() if self.trans_a else a) @ (b.t() if self.trans_b else b)
+        return 2 * (product if bias is None else product + bias)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from op_helpers import Doubling
 from torch import nn
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
@@ -18,7 +19,7 @@ from tileops import nn as tnn
 from tileops.backend import register_kernel_type
 from tileops.errors import OpInputError
 from tileops.kernel import Kernel
-from tileops.ops import GemmInterface, GemmOp, RMSNormFwdOp, RMSNormInterface
+from tileops.ops import GemmOp, RMSNormFwdOp, RMSNormInterface
 
 
 class Capture:
@@ -94,24 +95,6 @@ def test_export_keeps_the_operator(shared_ops):
     program = torch.export.export(ours, (torch.randn(3, 16),))
     targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
     assert targets == ["tileops.GemmOp.default"]
-
-
-class Doubling(Kernel, GemmInterface):
-    """A CPU GEMM kernel preferred over the reference, not torch's: returns 2ab."""
-
-    devices = {"cpu"}
-
-    @classmethod
-    def entry_for(cls, call):
-        layout = call.trans_a, call.trans_b
-        return layout, lambda: cls(*layout)
-
-    def __init__(self, trans_a, trans_b):
-        self.trans_a, self.trans_b = trans_a, trans_b
-
-    def forward(self, a, b, bias):
-        product = (a.t() if self.trans_a else a) @ (b.t() if self.trans_b else b)
-        return 2 * (product if bias is None else product + bias)
 
 
 def test_a_call_another_kernel_serves_stays_the_operator(isolated, shared_ops):

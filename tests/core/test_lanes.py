@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from op_helpers import Doubling
 from torch.overrides import TorchFunctionMode
 
 import tileops
 from tileops.backend import register_kernel_type
 from tileops.kernel import Kernel
 from tileops.ops import (
-    GemmInterface,
     GemmOp,
     GLUFwdOp,
     GLUInterface,
@@ -43,27 +43,6 @@ def test_the_second_call_of_a_layout_runs_its_kernel_without_forward(monkeypatch
     op(torch.randn(5, 8), w)  # another layout: forward once, then its own lane
     op(torch.randn(5, 8), w)
     assert len(calls) == 1
-
-
-class Doubling(Kernel, GemmInterface):
-    """A CPU GEMM kernel (preferred over the reference) returning 2ab, which checks that it
-    gets the layout the interface promises."""
-
-    devices = {"cpu"}
-    served: list = []
-
-    @classmethod
-    def entry_for(cls, call):
-        layout = call.trans_a, call.trans_b
-        return layout, lambda: cls(*layout)
-
-    def __init__(self, trans_a, trans_b):
-        self.trans_a, self.trans_b = trans_a, trans_b
-
-    def forward(self, a, b, bias):
-        assert a.is_contiguous() and b.is_contiguous(), "the interface promises contiguous"
-        Doubling.served.append(a.shape)
-        return 2 * ((a.t() if self.trans_a else a) @ (b.t() if self.trans_b else b))
 
 
 @pytest.fixture
