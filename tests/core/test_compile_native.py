@@ -119,18 +119,27 @@ def test_a_scope_begun_after_compiling_retraces_to_the_operator(shared_ops):
     assert sum(record.counts.values()) == 1  # the record saw the call
 
 
-def test_sizes_that_vary_autocast_and_targets_keep_the_operator(shared_ops):
+def test_sizes_that_vary_keep_the_operator(shared_ops):
     ours, _ = _linear_pair()
-    dynamic = Capture()
-    torch.compile(ours, backend=dynamic, fullgraph=True, dynamic=True)(torch.randn(3, 16))
-    autocast = Capture()
+    capture = Capture()
+    torch.compile(ours, backend=capture, fullgraph=True, dynamic=True)(torch.randn(3, 16))
+    assert capture.tileops() == {"tileops.GemmOp.default"}
+
+
+def test_autocast_keeps_the_operator(shared_ops):
+    ours, _ = _linear_pair()
+    capture = Capture()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = torch.compile(ours, backend=autocast, fullgraph=True)(torch.randn(3, 16))
+        out = torch.compile(ours, backend=capture, fullgraph=True)(torch.randn(3, 16))
     assert out.dtype == torch.bfloat16
-    targeted, op = Capture(), GemmOp(target="builtin")
-    torch.compile(lambda a, b: op(a, b), backend=targeted)(torch.randn(2, 3), torch.randn(3, 4))
-    for capture in (dynamic, autocast, targeted):
-        assert capture.tileops() == {"tileops.GemmOp.default"}
+    assert capture.tileops() == {"tileops.GemmOp.default"}
+
+
+def test_a_target_keeps_the_operator():
+    capture, op = Capture(), GemmOp(target="builtin")
+    compiled = torch.compile(lambda a, b: op(a, b), backend=capture, fullgraph=True)
+    compiled(torch.randn(2, 3), torch.randn(3, 4))
+    assert capture.tileops() == {"tileops.GemmOp.default"}
 
 
 def test_a_refused_call_still_raises_the_ops_error(shared_ops):
