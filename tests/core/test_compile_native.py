@@ -19,7 +19,13 @@ from tileops import nn as tnn
 from tileops.backend import register_kernel_type
 from tileops.errors import OpInputError
 from tileops.kernel import Kernel
-from tileops.ops import GemmOp, RMSNormFwdOp, RMSNormInterface
+from tileops.ops import (
+    BatchNormFwdOp,
+    BatchNormTrainInterface,
+    GemmOp,
+    RMSNormFwdOp,
+    RMSNormInterface,
+)
 
 
 class Capture:
@@ -187,3 +193,38 @@ def test_a_norm_the_reference_serves_stays_the_operator(shared_ops):
     capture, x = Capture(), torch.randn(4, 16, requires_grad=True)
     torch.compile(tnn.RMSNorm(16), backend=capture, fullgraph=True)(x).sum().backward()
     assert "tileops.RMSNormFwdOp.default" in capture.tileops()
+
+
+class NativeBatchNorm(Kernel, BatchNormTrainInterface):
+    """torch's batch_norm on the CPU in training, declared torch_native."""
+
+    devices = {"cpu"}
+    channels_last = True
+    torch_native = True
+
+    @classmethod
+    def entry_for(cls, call):
+        return (call.eps, call.momentum), lambda: cls(call.eps, call.momentum)
+
+    def __init__(self, eps, momentum):
+        self.eps, self.momentum = eps, momentum
+
+    def forward(self, x, weight, bias, running_mean, running_var):
+        stats = running_mean, running_var
+        return F.batch_norm(x, *stats, weight, bias, True, self.momentum, self.eps).contiguous()
+
+
+def test_a_batch_norm_torchs_kernel_serves_compiles_to_torchs_ops_and_updates_its_stats(
+    isolated, shared_ops
+):
+    register_kernel_type(BatchNormFwdOp, "native_bn", NativeBatchNorm)
+    ours, theirs = tnn.BatchNorm2d(4), nn.BatchNorm2d(4)
+    x = torch.randn(2, 4, 3, 3)
+    xs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    capture = Capture()
+    torch.compile(ours, backend=capture, fullgraph=True)(xs[0]).square().sum().backward()
+    theirs(xs[1]).square().sum().backward()
+    torch.testing.assert_close(xs[0].grad, xs[1].grad)
+    torch.testing.assert_close(ours.running_var, theirs.running_var)
+    torch.testing.assert_close(ours.running_mean, theirs.running_mean)
+    assert capture.tileops() == set()

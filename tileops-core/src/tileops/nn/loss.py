@@ -11,9 +11,9 @@ chunks weighted by the incoming per-row gradients. Either way no more than one c
 exists at a time, and nothing branches on the data, so a compiled graph holds for batches with
 every row ignored (their loss is 0).
 
-Under torch.compile, unless `chunk_rows` is given, the loss is traced from the full logits in
-torch's ops (the op's reference definition): Inductor fuses them into fewer passes than the
-chunks, which accumulate the weight's gradient once per chunk; that measured faster, at the
+Under torch.compile, unless `chunk_rows` is given, the loss is traced from the full logits
+through `F.cross_entropy`: Inductor fuses it into fewer passes than the chunks, which
+accumulate the weight's gradient once per chunk; that measured faster, at the
 logits' memory (benchmarks/results/linear_ce: compile 19.5 ms and 1.99 GiB, the chunks 24.5 ms
 and 1.25 GiB, 4096 tokens of a 128K vocabulary on the H200). Pass `chunk_rows` to keep the
 chunks' memory under compile too.
