@@ -32,7 +32,7 @@ from .eager import (
 )
 from .errors import OpDefinitionError, OpInputError, TileOpsError
 from .op import Op
-from .registry import REGISTRY
+from .registry import BUILTIN, REGISTRY
 from .scope import SCOPES
 from .table import ENTRY_LIMIT, remember
 
@@ -134,7 +134,8 @@ def call_operator(op: Op, tensors: Sequence[torch.Tensor | None]) -> Any:
 
 def call_traced(op: Op, tensors: Sequence[torch.Tensor | None]) -> Any:
     """What `Op.__call__` does under torch.compile and torch.export (see `traced_call`)."""
-    return traced_call(type(op), tuple(tensors), tuple(op.params().values()), op.target)
+    target = "builtin" if op.target is BUILTIN else op.target  # a str Dynamo 2.11 can proxy
+    return traced_call(type(op), tuple(tensors), tuple(op.params().values()), target)
 
 
 Op._through_operator = call_traced
