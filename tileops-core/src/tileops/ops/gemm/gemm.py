@@ -318,7 +318,7 @@ class GemmOp(Op):
     def reference_forward(
         self, a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return _product(a.t() if self.trans_a else a, b.t() if self.trans_b else b, bias)
+        return self.native_function(a, b, bias, self.trans_a, self.trans_b)
 
     @classmethod
     def native_function(
