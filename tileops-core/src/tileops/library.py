@@ -155,7 +155,7 @@ def _traced_natively(op_cls: type[Op], tensors: tuple, params: tuple, target: st
     """Decided once per traced call from constant facts; calls the decision cannot hold for
     (a target, autocast, sizes that vary) take the operator. Reading `SCOPES.active` makes
     Dynamo guard on it: a pin, record or simulation begun later retraces to the operator."""
-    if target is not None or SCOPES.active or op_cls.native_function is None:
+    if op_cls.native_function is None or target is not None or SCOPES.active:
         return False
     static = torch.fx.experimental.symbolic_shapes.has_static_value
     facts = []
