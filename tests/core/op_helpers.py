@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
 from tileops import Kernel, Op
 from tileops.backend import register_kernel_type
@@ -143,3 +144,24 @@ class Doubling(Kernel, GemmInterface):
         Doubling.served.append(a.shape)
         product = (a.t() if self.trans_a else a) @ (b.t() if self.trans_b else b)
         return 2 * (product if bias is None else product + bias)
+
+
+class Capture:
+    """A torch.compile backend keeping the aten ops of every forward and backward graph."""
+
+    def __init__(self) -> None:
+        self.graphs: list[list[str]] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, inputs: list) -> object:
+        def keep(graph: torch.fx.GraphModule, _: list) -> object:
+            ops = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
+            self.graphs.append(ops)
+            return make_boxed_func(graph)
+
+        return aot_module_simplified(gm, inputs, fw_compiler=keep, bw_compiler=keep)
+
+    def ops(self) -> set[str]:
+        return {op for graph in self.graphs for op in graph}
+
+    def tileops(self) -> set[str]:
+        return {op for op in self.ops() if op.startswith("tileops.")}

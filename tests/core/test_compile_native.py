@@ -10,9 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from op_helpers import Doubling
+from op_helpers import Capture, Doubling
 from torch import nn
-from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
 
 import tileops
 from tileops import nn as tnn
@@ -26,27 +25,6 @@ from tileops.ops import (
     RMSNormFwdOp,
     RMSNormInterface,
 )
-
-
-class Capture:
-    """A torch.compile backend keeping the aten ops of every forward and backward graph."""
-
-    def __init__(self) -> None:
-        self.graphs: list[list[str]] = []
-
-    def __call__(self, gm: torch.fx.GraphModule, inputs: list) -> object:
-        def keep(graph: torch.fx.GraphModule, _: list) -> object:
-            ops = [str(n.target) for n in graph.graph.nodes if n.op == "call_function"]
-            self.graphs.append(ops)
-            return make_boxed_func(graph)
-
-        return aot_module_simplified(gm, inputs, fw_compiler=keep, bw_compiler=keep)
-
-    def ops(self) -> set[str]:
-        return {op for graph in self.graphs for op in graph}
-
-    def tileops(self) -> set[str]:
-        return {op for op in self.ops() if op.startswith("tileops.")}
 
 
 @pytest.fixture(autouse=True)
