@@ -34,3 +34,13 @@ def rows_op():
 
     with isolated_registry(), rows_op_known() as op:
         yield op
+
+
+@pytest.fixture
+def shared_ops():
+    """tileops.nn's shared ops made anew, of the current registry (an op keeps its table)."""
+    from tileops.nn import _ops
+
+    _ops._shared_op.cache_clear()
+    yield
+    _ops._shared_op.cache_clear()

@@ -35,16 +35,6 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.fixture
-def shared_ops():
-    """tileops.nn's shared ops made anew, of the current registry (an op keeps its table)."""
-    from tileops.nn import _ops
-
-    _ops._shared_op.cache_clear()
-    yield
-    _ops._shared_op.cache_clear()
-
-
 def _linear_pair(**kwargs) -> tuple[tnn.Linear, nn.Linear]:
     ours = tnn.Linear(16, 8, **kwargs)
     theirs = nn.Linear(16, 8, **kwargs)

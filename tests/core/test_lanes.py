@@ -376,16 +376,6 @@ def test_a_linear_layout_served_by_f_linears_product_runs_f_linear_from_its_seco
     assert sum(record.counts.values()) == 1
 
 
-@pytest.fixture
-def shared_ops():
-    """tileops.nn's shared ops made anew, of the current registry (an op keeps its table)."""
-    from tileops.nn import _ops
-
-    _ops._shared_op.cache_clear()
-    yield
-    _ops._shared_op.cache_clear()
-
-
 def test_a_linear_layout_served_by_another_kernel_keeps_taking_the_op(doubling, shared_ops):
     """Doubling is not torch_native: every call reaches it, as does a pinned one's."""
     from tileops.nn import Linear
