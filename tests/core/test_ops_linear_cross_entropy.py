@@ -352,6 +352,12 @@ def test_a_gradient_of_one_leaves_the_kept_gradients_unscaled():
         assert Muls.count == muls
         for g, r in zip(got, want, strict=True):
             torch.testing.assert_close(g.grad, r.grad)
+    # a gradient that is differentiated itself is applied, even when it is 1
+    scale, got = torch.ones((), dtype=hidden.dtype, requires_grad=True), leaves(hidden, weight, b)
+    loss = tnn.linear_cross_entropy(*got[:2], labels, got[2])
+    (loss * scale).backward(create_graph=True)
+    (grad_scale,) = torch.autograd.grad(got[1].grad.sum(), scale)
+    torch.testing.assert_close(grad_scale, got[1].grad.sum().detach())
 
 
 def test_compiled_reduction_none_and_the_op_trace_to_one_node_each():

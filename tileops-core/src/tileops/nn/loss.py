@@ -192,8 +192,9 @@ def _is_one(grad: Tensor) -> bool:
     """Whether the incoming gradient is 1, as `loss.backward()` gives: the kept gradients are
     then the answer, and the pass over the weight's (vocab x hidden) gradient is spared for one
     host sync (at the backward's start, where the host waits for the forward anyway). Never
-    under CUDA graph capture, which cannot sync."""
-    if grad.is_cuda and torch.cuda.is_current_stream_capturing():
+    under CUDA graph capture, which cannot sync, nor for a gradient that is differentiated
+    itself (create_graph)."""
+    if grad.requires_grad or (grad.is_cuda and torch.cuda.is_current_stream_capturing()):
         return False
     return bool(grad == 1)
 
