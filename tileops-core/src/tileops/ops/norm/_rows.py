@@ -102,7 +102,7 @@ class RowNorm:
         x, *affine = call.tensors
         spec = self._calls.get(_spec_key(x, affine)) or self.call_for(x, *affine)
         n, interface, select = self._n, self.interface_name, self.kernel_for
-        function = self.torch_forward
+        function, config = self.native_function, (self.normalized_shape, self.eps)
         native: dict[int, bool] = {}
 
         def lane(x: torch.Tensor, *affine: torch.Tensor | None) -> torch.Tensor | None:
@@ -114,7 +114,7 @@ class RowNorm:
             if served is None:
                 kernel = select(interface, dataclasses.replace(spec, grad=True, rows=size))
                 served = native[size] = getattr(kernel, "torch_native", False)
-            return function(x, *affine) if served else None
+            return function(x, *affine, *config) if served else None
 
         return lane
 
